@@ -1,0 +1,506 @@
+//! Exec: the streaming process handle every driver returns, its exit status, and the
+//! pump that drivers use to build it.
+//!
+//! A driver turns one exec into three things: a stream of output chunks, an optional
+//! stdin sink, and an [`ExecControl`] that reads the exit status and kills the process
+//! tree. [`ExecStream::spawn`] then runs the same machinery for every driver: bounded
+//! channels (backpressure, bounded memory), the timeout (kill, then
+//! [`ExitStatus::TimedOut`]), cancellation on drop (kill), and "transport lost" when the
+//! connection fails before a status was read.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::spec::{ExecSpec, Stdin};
+
+/// Default per-stream cap of buffered output (16 MiB).
+pub const DEFAULT_OUTPUT_LIMIT: usize = 16 << 20;
+
+/// The environment variable every exec carries with its own id. Drivers find the
+/// processes of one exec (and their descendants, which inherit it) by it when they kill.
+pub const EXEC_ID_ENV: &str = "SANDBOX_EXEC_ID";
+
+/// How an exec ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// The process exited with this code.
+    Exited(i32),
+    /// The process was killed by this signal. Engines report a signal death as exit code
+    /// `128 + N`, so an explicit `exit 137` is reported as `Signaled(9)` too.
+    Signaled(i32),
+    /// The timeout passed; the process tree was killed.
+    TimedOut,
+    /// The connection failed before the status was known. The process may have run; it
+    /// was killed where still reachable. Never a success.
+    TransportLost(String),
+}
+
+impl ExitStatus {
+    /// Maps an engine's exit code: `128 + N` (N a signal number, 1–64) is a signal death.
+    pub fn from_code(code: i64) -> ExitStatus {
+        match code {
+            129..=192 => ExitStatus::Signaled((code - 128) as i32),
+            c => ExitStatus::Exited(c.clamp(i32::MIN as i64, i32::MAX as i64) as i32),
+        }
+    }
+
+    /// True only for `Exited(0)`.
+    pub fn success(&self) -> bool {
+        *self == ExitStatus::Exited(0)
+    }
+
+    /// The exit code, for [`ExitStatus::Exited`].
+    pub fn code(&self) -> Option<i32> {
+        match self {
+            ExitStatus::Exited(c) => Some(*c),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitStatus::Exited(c) => write!(f, "exited with code {c}"),
+            ExitStatus::Signaled(s) => write!(f, "killed by signal {s}"),
+            ExitStatus::TimedOut => f.write_str("timed out"),
+            ExitStatus::TransportLost(why) => write!(f, "transport lost: {why}"),
+        }
+    }
+}
+
+/// One piece of output, as it came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputChunk {
+    /// From stdout.
+    Stdout(Bytes),
+    /// From stderr.
+    Stderr(Bytes),
+}
+
+/// What a driver provides for one started exec, besides its output and stdin.
+#[async_trait]
+pub trait ExecControl: Send + Sync + 'static {
+    /// The exit status, called once the output stream has ended.
+    async fn status(&self) -> Result<ExitStatus>;
+    /// Kills every process of this exec (TERM, a short grace, then KILL).
+    async fn kill(&self) -> Result<()>;
+}
+
+/// The write half of a piped stdin. Dropping or [`StdinWriter::close`]-ing it sends EOF.
+#[derive(Debug)]
+pub struct StdinWriter {
+    tx: mpsc::Sender<Bytes>,
+}
+
+impl StdinWriter {
+    /// Writes bytes; waits while the process does not read (backpressure).
+    pub async fn write(&mut self, data: impl Into<Bytes>) -> Result<()> {
+        self.tx.send(data.into()).await.map_err(|_| {
+            Error::new(ErrorKind::Backend, "stdin is closed: the exec has ended")
+        })
+    }
+
+    /// Closes stdin: the process reads EOF.
+    pub fn close(self) {}
+}
+
+/// A running exec: output chunks as they come, an optional stdin writer, and its status.
+///
+/// Dropping it before it ended kills the process tree in the sandbox.
+pub struct ExecStream {
+    output: mpsc::Receiver<OutputChunk>,
+    stdin: Option<StdinWriter>,
+    status: oneshot::Receiver<ExitStatus>,
+    started: Instant,
+    _cancel_on_drop: DropGuard,
+}
+
+impl fmt::Debug for ExecStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecStream").finish_non_exhaustive()
+    }
+}
+
+/// Chunks buffered between the pump and the reader; with the backend's own buffers this
+/// bounds memory however much a command prints.
+const OUTPUT_CHANNEL_CHUNKS: usize = 16;
+
+impl ExecStream {
+    /// Starts the pump for one exec. Called by drivers right after the exec started.
+    ///
+    /// `output` yields the demultiplexed chunks until the process's streams close;
+    /// `stdin` is the sink feeding the process (shut down for EOF), `None` when the driver
+    /// opened no stdin.
+    pub fn spawn(
+        spec: &ExecSpec,
+        output: BoxStream<'static, std::io::Result<OutputChunk>>,
+        stdin: Option<Pin<Box<dyn AsyncWrite + Send>>>,
+        control: Box<dyn ExecControl>,
+    ) -> ExecStream {
+        let started = Instant::now();
+        let cancel = CancellationToken::new();
+        let (out_tx, out_rx) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
+        let (status_tx, status_rx) = oneshot::channel();
+
+        let mut writer = None;
+        if let Some(sink) = stdin {
+            let (source, w) = match &spec.stdin {
+                Stdin::Null => (StdinSource::Nothing, None),
+                Stdin::Bytes(b) => (StdinSource::Bytes(b.clone()), None),
+                Stdin::Piped => {
+                    let (tx, rx) = mpsc::channel(4);
+                    (StdinSource::Channel(rx), Some(StdinWriter { tx }))
+                }
+            };
+            writer = w;
+            tokio::spawn(feed_stdin(sink, source, cancel.clone()));
+        }
+
+        let deadline = spec.timeout.map(|t| tokio::time::Instant::from_std(started + t));
+        tokio::spawn(pump(output, control, out_tx, status_tx, deadline, cancel.clone()));
+
+        ExecStream {
+            output: out_rx,
+            stdin: writer,
+            status: status_rx,
+            started,
+            _cancel_on_drop: cancel.drop_guard(),
+        }
+    }
+
+    /// The stdin writer, once, when the spec asked for [`Stdin::Piped`].
+    pub fn take_stdin(&mut self) -> Option<StdinWriter> {
+        self.stdin.take()
+    }
+
+    /// The next chunk of output; `None` once both streams ended.
+    pub async fn next_chunk(&mut self) -> Option<OutputChunk> {
+        self.output.recv().await
+    }
+
+    /// Time since the exec started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Waits for the end, discarding output not yet read, and returns the status.
+    pub async fn wait(mut self) -> ExitStatus {
+        self.stdin = None;
+        while self.output.recv().await.is_some() {}
+        self.finish().await
+    }
+
+    async fn finish(&mut self) -> ExitStatus {
+        match (&mut self.status).await {
+            Ok(s) => s,
+            Err(_) => ExitStatus::TransportLost("the exec pump stopped without a status".into()),
+        }
+    }
+
+    /// Reads everything, keeping at most `limit` bytes per stream, and returns the result.
+    pub async fn collect(mut self, limit: usize) -> ExecOutput {
+        self.stdin = None;
+        let mut stdout = Capture::new(limit);
+        let mut stderr = Capture::new(limit);
+        while let Some(chunk) = self.output.recv().await {
+            match chunk {
+                OutputChunk::Stdout(b) => stdout.push(&b),
+                OutputChunk::Stderr(b) => stderr.push(&b),
+            }
+        }
+        let status = self.finish().await;
+        ExecOutput {
+            status,
+            stdout: stdout.bytes,
+            stderr: stderr.bytes,
+            stdout_total: stdout.total,
+            stderr_total: stderr.total,
+            duration: self.started.elapsed(),
+        }
+    }
+}
+
+impl Stream for ExecStream {
+    type Item = OutputChunk;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<OutputChunk>> {
+        self.output.poll_recv(cx)
+    }
+}
+
+/// The result of a buffered exec. A non-zero exit is data here, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Stdout, at most the output limit (the head when truncated).
+    pub stdout: Vec<u8>,
+    /// Stderr, at most the output limit (the head when truncated).
+    pub stderr: Vec<u8>,
+    /// Bytes the process wrote to stdout in all.
+    pub stdout_total: u64,
+    /// Bytes the process wrote to stderr in all.
+    pub stderr_total: u64,
+    /// Wall time from start to status.
+    pub duration: Duration,
+}
+
+impl ExecOutput {
+    /// True when stdout was cut at the output limit.
+    pub fn stdout_truncated(&self) -> bool {
+        self.stdout_total > self.stdout.len() as u64
+    }
+
+    /// True when stderr was cut at the output limit.
+    pub fn stderr_truncated(&self) -> bool {
+        self.stderr_total > self.stderr.len() as u64
+    }
+
+    /// Stdout as text (lossy).
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// Stderr as text (lossy).
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+struct Capture {
+    bytes: Vec<u8>,
+    limit: usize,
+    total: u64,
+}
+
+impl Capture {
+    fn new(limit: usize) -> Capture {
+        Capture { bytes: Vec::new(), limit, total: 0 }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        self.total += data.len() as u64;
+        let room = self.limit.saturating_sub(self.bytes.len());
+        self.bytes.extend_from_slice(&data[..room.min(data.len())]);
+    }
+}
+
+enum StdinSource {
+    Nothing,
+    Bytes(Bytes),
+    Channel(mpsc::Receiver<Bytes>),
+}
+
+async fn feed_stdin(
+    mut sink: Pin<Box<dyn AsyncWrite + Send>>,
+    source: StdinSource,
+    cancel: CancellationToken,
+) {
+    let feed = async {
+        match source {
+            StdinSource::Nothing => {}
+            StdinSource::Bytes(b) => sink.write_all(&b).await?,
+            StdinSource::Channel(mut rx) => {
+                while let Some(b) = rx.recv().await {
+                    sink.write_all(&b).await?;
+                }
+            }
+        }
+        sink.flush().await?;
+        sink.shutdown().await
+    };
+    tokio::select! {
+        r = feed => if let Err(e) = r {
+            // The process may exit without reading all of stdin: not an error of the exec.
+            tracing::debug!("stdin feed ended early: {e}");
+        },
+        _ = cancel.cancelled() => {}
+    }
+}
+
+/// Why the pump stopped reading output.
+enum End {
+    Eof,
+    Deadline,
+    Cancelled,
+    Lost(String),
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn pump(
+    mut output: BoxStream<'static, std::io::Result<OutputChunk>>,
+    control: Box<dyn ExecControl>,
+    out_tx: mpsc::Sender<OutputChunk>,
+    status_tx: oneshot::Sender<ExitStatus>,
+    deadline: Option<tokio::time::Instant>,
+    cancel: CancellationToken,
+) {
+    let mut reader_gone = false;
+    let end = loop {
+        let next = tokio::select! {
+            n = output.next() => n,
+            _ = sleep_until(deadline) => break End::Deadline,
+            _ = cancel.cancelled() => break End::Cancelled,
+        };
+        match next {
+            None => break End::Eof,
+            Some(Err(e)) => break End::Lost(e.to_string()),
+            Some(Ok(chunk)) if !reader_gone => {
+                tokio::select! {
+                    r = out_tx.send(chunk) => reader_gone = r.is_err(),
+                    _ = sleep_until(deadline) => break End::Deadline,
+                    _ = cancel.cancelled() => break End::Cancelled,
+                }
+            }
+            Some(Ok(_)) => {}
+        }
+    };
+    drop(output);
+    let status = match end {
+        End::Eof => tokio::select! {
+            s = control.status() => match s {
+                Ok(s) => s,
+                Err(e) => ExitStatus::TransportLost(e.to_string()),
+            },
+            _ = sleep_until(deadline) => {
+                kill(&*control).await;
+                ExitStatus::TimedOut
+            }
+            _ = cancel.cancelled() => {
+                kill(&*control).await;
+                return;
+            }
+        },
+        End::Deadline => {
+            kill(&*control).await;
+            ExitStatus::TimedOut
+        }
+        End::Cancelled => {
+            kill(&*control).await;
+            return;
+        }
+        End::Lost(why) => {
+            kill(&*control).await;
+            ExitStatus::TransportLost(why)
+        }
+    };
+    drop(out_tx);
+    let _ = status_tx.send(status);
+}
+
+async fn kill(control: &dyn ExecControl) {
+    if let Err(e) = control.kill().await {
+        tracing::warn!("could not kill the exec's processes: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Fake {
+        killed: Arc<AtomicBool>,
+        code: i64,
+    }
+
+    #[async_trait]
+    impl ExecControl for Fake {
+        async fn status(&self) -> Result<ExitStatus> {
+            Ok(ExitStatus::from_code(self.code))
+        }
+        async fn kill(&self) -> Result<()> {
+            self.killed.store(true, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn fake(code: i64) -> (Box<dyn ExecControl>, Arc<AtomicBool>) {
+        let killed = Arc::new(AtomicBool::new(false));
+        (Box::new(Fake { killed: killed.clone(), code }), killed)
+    }
+
+    #[test]
+    fn exit_codes_map_to_signals_above_128() {
+        assert_eq!(ExitStatus::from_code(0), ExitStatus::Exited(0));
+        assert_eq!(ExitStatus::from_code(127), ExitStatus::Exited(127));
+        assert_eq!(ExitStatus::from_code(128), ExitStatus::Exited(128));
+        assert_eq!(ExitStatus::from_code(137), ExitStatus::Signaled(9));
+        assert_eq!(ExitStatus::from_code(255), ExitStatus::Exited(255));
+        assert!(!ExitStatus::TransportLost("x".into()).success());
+    }
+
+    #[tokio::test]
+    async fn collects_and_caps_output() {
+        let chunks = vec![
+            Ok(OutputChunk::Stdout(Bytes::from_static(b"hello "))),
+            Ok(OutputChunk::Stderr(Bytes::from_static(b"err"))),
+            Ok(OutputChunk::Stdout(Bytes::from_static(b"world"))),
+        ];
+        let (control, killed) = fake(3);
+        let s = ExecStream::spawn(&ExecSpec::new(["x"]), futures::stream::iter(chunks).boxed(), None, control);
+        let out = s.collect(8).await;
+        assert_eq!(out.status, ExitStatus::Exited(3));
+        assert_eq!(out.stdout, b"hello wo");
+        assert_eq!(out.stdout_total, 11);
+        assert!(out.stdout_truncated());
+        assert_eq!(out.stderr, b"err");
+        assert!(!out.stderr_truncated());
+        assert!(!killed.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeout_kills_and_reports_timed_out() {
+        let (control, killed) = fake(0);
+        let spec = ExecSpec::new(["x"]).timeout(Duration::from_secs(5));
+        let s = ExecStream::spawn(&spec, futures::stream::pending().boxed(), None, control);
+        assert_eq!(s.wait().await, ExitStatus::TimedOut);
+        assert!(killed.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_is_transport_lost_never_success() {
+        let chunks = vec![
+            Ok(OutputChunk::Stdout(Bytes::from_static(b"partial"))),
+            Err(std::io::Error::other("connection reset")),
+        ];
+        let (control, killed) = fake(0);
+        let s = ExecStream::spawn(&ExecSpec::new(["x"]), futures::stream::iter(chunks).boxed(), None, control);
+        let out = s.collect(100).await;
+        assert!(matches!(out.status, ExitStatus::TransportLost(ref w) if w.contains("reset")));
+        assert_eq!(out.stdout, b"partial");
+        assert!(killed.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn dropping_the_stream_kills() {
+        let (control, killed) = fake(0);
+        let s = ExecStream::spawn(&ExecSpec::new(["x"]), futures::stream::pending().boxed(), None, control);
+        drop(s);
+        for _ in 0..100 {
+            if killed.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("dropping the stream did not kill the exec");
+    }
+}

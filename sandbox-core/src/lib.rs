@@ -1,0 +1,38 @@
+//! The run-lifecycle contract of `sandbox`: one long-lived container or pod per run,
+//! entered by exec for every tool call.
+//!
+//! - [`Driver`] creates, lists, re-attaches and removes runs; [`Run`] execs, moves files
+//!   and stops. Buffered exec and single-file helpers live in [`RunExt`].
+//! - [`RunSpec`] and [`ExecSpec`] are validated before anything is created.
+//! - [`Capabilities`] says what a driver supports; a field it cannot honour is an
+//!   [`ErrorKind::Unsupported`] error, never silently ignored.
+//! - Drivers register with [`register_driver!`] and are found with [`connect`].
+#![forbid(unsafe_code)]
+
+pub mod ca;
+mod capabilities;
+mod error;
+mod exec;
+pub mod labels;
+mod registry;
+mod run;
+mod spec;
+
+pub use capabilities::{Capabilities, is_numeric_user};
+pub use error::{Error, ErrorKind, Result};
+pub use exec::{
+    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecControl, ExecOutput, ExecStream, ExitStatus, OutputChunk,
+    StdinWriter,
+};
+pub use registry::{DriverConfig, DriverFactory, connect, driver_names, drivers};
+pub use run::{
+    Driver, DriverExt, ReapReason, Run, RunExt, RunGuard, RunInfo, new_run_id, prepare, reap,
+};
+pub use spec::{
+    DEFAULT_WORKSPACE_PATH, ExecSpec, Network, Proxy, PullPolicy, Resources, RunSpec, Security,
+    Stdin, Workspace,
+};
+
+#[doc(hidden)]
+pub use inventory;
+pub use async_trait::async_trait;

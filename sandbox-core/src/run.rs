@@ -1,0 +1,294 @@
+//! The run lifecycle: [`Driver`] creates runs, [`Run`] is one live sandbox.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Deref;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::capabilities::Capabilities;
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::{DEFAULT_OUTPUT_LIMIT, ExecOutput, ExecStream};
+use crate::labels::{self, Owner};
+use crate::spec::{ExecSpec, RunSpec};
+
+/// A backend that creates runs: one long-lived container or pod each.
+///
+/// Object-safe; share it as `Arc<dyn Driver>`.
+#[async_trait]
+pub trait Driver: Send + Sync + fmt::Debug + 'static {
+    /// The registry name (`docker`, `k8s`, ...).
+    fn name(&self) -> &str;
+
+    /// What this driver supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Creates a run: validates `spec` (see [`prepare`]), creates the target, waits until
+    /// it is ready, sets up CA and workspace, runs the post-create commands. On any
+    /// failure nothing is left behind.
+    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>>;
+
+    /// Re-attaches to a live run by id (from this or another process).
+    async fn attach(&self, id: &str) -> Result<Box<dyn Run>>;
+
+    /// The runs this driver manages whose labels include every pair of `selector`.
+    async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>>;
+
+    /// Removes a run and everything created for it, without a grace period. Removing a
+    /// run that does not exist succeeds.
+    async fn remove(&self, id: &str) -> Result<()>;
+}
+
+/// One live sandbox. Every exec enters the same target.
+#[async_trait]
+pub trait Run: Send + Sync + fmt::Debug {
+    /// The run id (also the name of the container or pod).
+    fn id(&self) -> &str;
+
+    /// Starts a command. A non-zero exit is reported in the status, not as an error;
+    /// errors mean the exec could not start (invalid spec, run lost, backend down).
+    async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream>;
+
+    /// Extracts a tar archive into the directory `dir` (which must exist).
+    async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()>;
+
+    /// A tar archive of `path` (a file or directory), with `path`'s base name at its root.
+    async fn get_archive(&self, path: &str) -> Result<Bytes>;
+
+    /// Removes the target and everything created for the run. Idempotent; no grace period.
+    async fn stop(&self) -> Result<()>;
+}
+
+/// Conveniences over [`Run`], for every run. Not meant to be implemented by hand.
+#[async_trait]
+pub trait RunExt: Run {
+    /// Runs a command to its end and returns its buffered output, each stream capped at
+    /// [`ExecSpec::output_limit`] (default [`DEFAULT_OUTPUT_LIMIT`]).
+    async fn exec(&self, spec: ExecSpec) -> Result<ExecOutput> {
+        let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+        Ok(self.exec_stream(spec).await?.collect(limit).await)
+    }
+
+    /// Writes one file (parent directory must exist) with `mode`.
+    async fn put_file(&self, path: &str, contents: &[u8], mode: u32) -> Result<()> {
+        let (dir, name) = split_path(path)?;
+        let mut header = tar::Header::new_gnu();
+        header.set_size(contents.len() as u64);
+        header.set_mode(mode);
+        header.set_mtime(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0));
+        header.set_entry_type(tar::EntryType::Regular);
+        let mut builder = tar::Builder::new(Vec::new());
+        builder
+            .append_data(&mut header, name, contents)
+            .map_err(|e| Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e))?;
+        let tar = builder
+            .into_inner()
+            .map_err(|e| Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e))?;
+        self.put_archive(dir, tar.into()).await
+    }
+
+    /// Reads one regular file.
+    async fn get_file(&self, path: &str) -> Result<Vec<u8>> {
+        let tar = self.get_archive(path).await?;
+        let mut archive = tar::Archive::new(&tar[..]);
+        let bad = |e: std::io::Error| Error::new(ErrorKind::Backend, "unreadable tar archive").with("path", path).with_source(e);
+        let mut entries = archive.entries().map_err(bad)?;
+        let mut entry = entries
+            .next()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "empty archive").with("path", path))?
+            .map_err(bad)?;
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            return Err(Error::new(ErrorKind::Backend, "not a regular file").with("path", path));
+        }
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut buf).map_err(bad)?;
+        Ok(buf)
+    }
+}
+
+impl<T: Run + ?Sized> RunExt for T {}
+
+fn split_path(path: &str) -> Result<(&str, &str)> {
+    let bad = || Error::invalid_spec("path", format!("{path:?} must be an absolute file path"));
+    if !path.starts_with('/') || path.ends_with('/') {
+        return Err(bad());
+    }
+    let (dir, name) = path.rsplit_once('/').ok_or_else(bad)?;
+    Ok((if dir.is_empty() { "/" } else { dir }, name))
+}
+
+/// Conveniences over [`Driver`].
+#[async_trait]
+pub trait DriverExt: Driver {
+    /// Creates a run wrapped in a [`RunGuard`] that stops it on drop.
+    async fn start(&self, spec: &RunSpec) -> Result<RunGuard> {
+        Ok(RunGuard::new(self.create(spec).await?))
+    }
+}
+
+impl<T: Driver + ?Sized> DriverExt for T {}
+
+/// What drivers call first in [`Driver::create`]: validates the spec and checks it
+/// against the capabilities, before anything is created.
+pub fn prepare(spec: &RunSpec, capabilities: &Capabilities) -> Result<()> {
+    spec.validate()?;
+    capabilities.check(spec)
+}
+
+/// A fresh run id: `sbx-` and 12 hex digits, valid as a container name and a
+/// Kubernetes object name.
+pub fn new_run_id() -> String {
+    format!("sbx-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// What [`Driver::list`] reports of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInfo {
+    /// The run id.
+    pub id: String,
+    /// Every label of the target (the library's and the caller's).
+    pub labels: BTreeMap<String, String>,
+    /// Whether the target is running.
+    pub running: bool,
+}
+
+/// Why [`reap`] removed a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReapReason {
+    /// Its expiry label has passed.
+    Expired,
+    /// It was created on this host by a process that no longer lives.
+    OwnerGone,
+    /// Its target is no longer running.
+    NotRunning,
+}
+
+/// Removes the managed runs that nobody can use any more: expired, owned by a dead process
+/// of this host, or no longer running. Returns what it removed and why.
+pub async fn reap(driver: &dyn Driver) -> Result<Vec<(String, ReapReason)>> {
+    let selector = BTreeMap::from([(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string())]);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let mut reaped = Vec::new();
+    for run in driver.list(&selector).await? {
+        let expired = run
+            .labels
+            .get(labels::EXPIRES_AT)
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|at| at <= now);
+        let reason = if expired {
+            ReapReason::Expired
+        } else if Owner::from_labels(&run.labels).and_then(|o| o.is_alive()) == Some(false) {
+            ReapReason::OwnerGone
+        } else if !run.running {
+            ReapReason::NotRunning
+        } else {
+            continue;
+        };
+        driver.remove(&run.id).await?;
+        tracing::info!(run = %run.id, ?reason, "reaped");
+        reaped.push((run.id, reason));
+    }
+    Ok(reaped)
+}
+
+/// Owns a run and stops it when dropped (also while unwinding from a panic).
+///
+/// Prefer [`RunGuard::stop`], which reports errors. The drop fallback blocks the current
+/// thread until the stop is done on a multi-thread Tokio runtime; on a current-thread
+/// runtime it stops from a helper thread with its own runtime.
+pub struct RunGuard {
+    run: Option<Box<dyn Run>>,
+}
+
+/// How long a drop may block on stopping the run.
+const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl RunGuard {
+    /// Guards `run`.
+    pub fn new(run: Box<dyn Run>) -> RunGuard {
+        RunGuard { run: Some(run) }
+    }
+
+    /// Stops the run and reports the outcome.
+    pub async fn stop(mut self) -> Result<()> {
+        match self.run.take() {
+            Some(run) => run.stop().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Disarms the guard: the run lives on after it.
+    pub fn into_inner(mut self) -> Box<dyn Run> {
+        self.run.take().expect("a guard always holds its run until consumed")
+    }
+}
+
+impl Deref for RunGuard {
+    type Target = dyn Run;
+
+    fn deref(&self) -> &(dyn Run + 'static) {
+        self.run.as_deref().expect("a guard always holds its run until consumed")
+    }
+}
+
+impl fmt::Debug for RunGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RunGuard").field(&self.run).finish()
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        let Some(run) = self.run.take() else { return };
+        let id = run.id().to_string();
+        let stop = async move {
+            match tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(run = %id, "dropped run could not be stopped: {e}"),
+                Err(_) => tracing::error!(run = %id, "dropped run: stop timed out"),
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| handle.block_on(stop));
+            }
+            _ => {
+                // No runtime, or one we cannot block: stop from a thread of our own.
+                let joined = std::thread::spawn(move || {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map(|rt| rt.block_on(stop))
+                })
+                .join();
+                if !matches!(joined, Ok(Ok(()))) {
+                    tracing::error!("dropped run: the stop thread failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_valid_names() {
+        let id = new_run_id();
+        assert_eq!(id.len(), 16);
+        assert!(id.starts_with("sbx-"));
+        labels::validate_value(&id).unwrap();
+        assert_ne!(new_run_id(), new_run_id());
+    }
+
+    #[test]
+    fn file_paths_split() {
+        assert_eq!(split_path("/a/b.txt").unwrap(), ("/a", "b.txt"));
+        assert_eq!(split_path("/b").unwrap(), ("/", "b"));
+        assert!(split_path("b").is_err());
+        assert!(split_path("/a/").is_err());
+    }
+}
