@@ -111,7 +111,11 @@ func (p *Provider) ensureContainer(ctx context.Context, rec *podRecord, pod *cor
 		return "", err
 	}
 
-	cfg, hostCfg, err := p.containerConfig(pod, c, isInit, volumes, img.Config)
+	imageUser := ""
+	if img.Config != nil {
+		imageUser = img.Config.User
+	}
+	cfg, hostCfg, err := p.containerConfig(pod, c, isInit, volumes, imageUser)
 	if err != nil {
 		p.setContainerWaiting(rec, c.Name, "CreateContainerConfigError", err.Error())
 		return "", errWaiting
@@ -133,7 +137,7 @@ func (p *Provider) ensureContainer(ctx context.Context, rec *podRecord, pod *cor
 
 // containerConfig translates a Kubernetes container into Docker create options.
 func (p *Provider) containerConfig(pod *corev1.Pod, c *corev1.Container, isInit bool,
-	volumes map[string]volumeDir, imgCfg *container.Config) (*container.Config, *container.HostConfig, error) {
+	volumes map[string]volumeDir, imageUser string) (*container.Config, *container.HostConfig, error) {
 
 	labels := map[string]string{
 		LabelProvider:      ProviderName,
@@ -196,10 +200,7 @@ func (p *Provider) containerConfig(pod *corev1.Pod, c *corev1.Container, isInit 
 			pod.Namespace+"/"+pod.Name, c.Name)
 	}
 	if sc.runAsNonRoot && sc.uid == nil {
-		u := ""
-		if imgCfg != nil {
-			u = imgCfg.User
-		}
+		u := imageUser
 		if u == "" || u == "0" || u == "root" || strings.HasPrefix(u, "0:") || strings.HasPrefix(u, "root:") {
 			return nil, nil, fmt.Errorf("container has runAsNonRoot and image will run as root (pod: %q, container: %s)",
 				pod.Namespace+"/"+pod.Name, c.Name)

@@ -1,0 +1,29 @@
+//! Mapping bollard's errors into the library's kinds.
+
+use bollard::errors::Error as BollardError;
+use sandbox_core::{Error, ErrorKind};
+
+/// Maps a bollard error; `op` says what was attempted.
+pub fn map(op: &'static str, e: BollardError) -> Error {
+    let kind = match &e {
+        BollardError::DockerResponseServerError { status_code, .. } => match status_code {
+            404 => ErrorKind::NotFound,
+            _ => ErrorKind::Backend,
+        },
+        BollardError::RequestTimeoutError => ErrorKind::Timeout,
+        BollardError::SocketNotFoundError(_)
+        | BollardError::IOError { .. }
+        | BollardError::HyperResponseError { .. }
+        | BollardError::HyperLegacyError { .. } => ErrorKind::Unavailable,
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, format!("docker: {op} failed")).with_source(e)
+}
+
+/// The HTTP status of a daemon answer, if it was one.
+pub fn status(e: &BollardError) -> Option<u16> {
+    match e {
+        BollardError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}

@@ -1,0 +1,172 @@
+//! One exec: create → start (hijacked, `Tty=false`) → inspect, and the kill that a
+//! timeout or cancellation needs (Docker has no kill-exec API).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use futures::StreamExt;
+use sandbox_core::{
+    EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecSpec, ExecStream, ExitStatus, OutputChunk,
+    Result, Stdin,
+};
+
+use crate::error;
+
+/// Kills every process whose environment carries `SANDBOX_EXEC_ID=$1`: TERM, up to one
+/// second of grace, then KILL. Descendants inherit the variable, so grandchildren that
+/// left the process group (setsid, daemons) are found too. Needs a POSIX `sh`, `tr` and
+/// `grep` in the image.
+const KILL_SCRIPT: &str = r#"
+id="$1"
+signal() {
+  found=1
+  for d in /proc/[0-9]*; do
+    [ "${d#/proc/}" = "$$" ] && continue
+    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "SANDBOX_EXEC_ID=$id"; then
+      kill "-$1" "${d#/proc/}" 2>/dev/null && found=0
+    fi
+  done
+  return $found
+}
+signal TERM || exit 0
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+  sleep 0.1
+  signal 0 || exit 0
+done
+signal KILL
+exit 0
+"#;
+
+/// How long to poll `inspect` for the exit code after the streams closed.
+const STATUS_POLL: Duration = Duration::from_secs(5);
+
+/// Starts one exec in `container`.
+pub async fn start(docker: &Docker, container: &str, spec: ExecSpec) -> Result<ExecStream> {
+    spec.validate()?;
+    let exec_id_marker = format!("{:016x}", rand::random::<u64>());
+    let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    env.push(format!("{EXEC_ID_ENV}={exec_id_marker}"));
+    let attach_stdin = !matches!(spec.stdin, Stdin::Null);
+    let created = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                attach_stdin: Some(attach_stdin),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                env: Some(env),
+                cmd: Some(spec.argv.clone()),
+                user: spec.user.clone(),
+                working_dir: spec.working_dir.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| exec_error(container, e))?;
+    let started = docker
+        .start_exec(
+            &created.id,
+            Some(StartExecOptions {
+                detach: false,
+                tty: false,
+                output_capacity: Some(64 * 1024),
+            }),
+        )
+        .await
+        .map_err(|e| exec_error(container, e))?;
+    let StartExecResults::Attached { output, input } = started else {
+        return Err(Error::new(ErrorKind::Backend, "docker: exec started detached"));
+    };
+    let output = output
+        .map(|item| match item {
+            Ok(LogOutput::StdOut { message }) => Ok(OutputChunk::Stdout(message)),
+            Ok(LogOutput::StdErr { message }) => Ok(OutputChunk::Stderr(message)),
+            Ok(other) => Err(std::io::Error::other(format!(
+                "unexpected unframed output on a non-TTY exec stream ({} bytes): the stream was cut",
+                other.into_bytes().len()
+            ))),
+            Err(e) => Err(std::io::Error::other(e)),
+        })
+        .boxed();
+    let control = DockerExec {
+        docker: docker.clone(),
+        container: container.to_string(),
+        exec_id: created.id,
+        marker: exec_id_marker,
+        user: spec.user.clone(),
+    };
+    Ok(ExecStream::spawn(
+        &spec,
+        output,
+        attach_stdin.then_some(input),
+        Box::new(control),
+    ))
+}
+
+/// Maps a create/start failure: a container that is gone or not running is a lost run.
+fn exec_error(container: &str, e: bollard::errors::Error) -> Error {
+    match error::status(&e) {
+        Some(404) | Some(409) => Error::new(
+            ErrorKind::RunLost,
+            "the run's container is gone or not running",
+        )
+        .with("run", container)
+        .with_source(e),
+        _ => error::map("exec", e).with("run", container),
+    }
+}
+
+struct DockerExec {
+    docker: Docker,
+    container: String,
+    exec_id: String,
+    marker: String,
+    user: Option<String>,
+}
+
+#[async_trait]
+impl ExecControl for DockerExec {
+    async fn status(&self) -> Result<ExitStatus> {
+        let deadline = tokio::time::Instant::now() + STATUS_POLL;
+        loop {
+            let inspect = self
+                .docker
+                .inspect_exec(&self.exec_id)
+                .await
+                .map_err(|e| error::map("inspect exec", e).with("run", &self.container))?;
+            match (inspect.running, inspect.exit_code) {
+                (Some(false), Some(code)) => return Ok(ExitStatus::from_code(code)),
+                _ if tokio::time::Instant::now() >= deadline => {
+                    return Err(Error::new(
+                        ErrorKind::Backend,
+                        "the exec's streams closed but the engine reports no exit code",
+                    )
+                    .with("run", &self.container));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    async fn kill(&self) -> Result<()> {
+        let spec = ExecSpec {
+            argv: ["sh", "-c", KILL_SCRIPT, "sandbox-kill", &self.marker]
+                .map(String::from)
+                .to_vec(),
+            user: self.user.clone(),
+            working_dir: Some("/".into()),
+            ..Default::default()
+        };
+        let killer = Box::pin(start(&self.docker, &self.container, spec)).await?;
+        let status = killer.wait().await;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::Backend, format!("the kill exec {status}")).with("run", &self.container))
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! Docker driver for `sandbox`: one long-lived container per run, entered by exec for
+//! every tool call, through the Docker Engine API (bollard; never the docker CLI).
+//!
+//! Each container runs `sleep infinity` under docker-init (which reaps orphans); the
+//! image's ENTRYPOINT and CMD never run. Stop force-removes the container with its
+//! anonymous volumes, with no SIGTERM grace period.
+//!
+//! Connect directly with [`DockerDriver::connect`], or through the registry as `docker`
+//! (config keys: `host`, `timeout_secs`; env `SANDBOX_DOCKER_HOST`, ...).
+#![forbid(unsafe_code)]
+
+mod body;
+mod error;
+mod exec;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use sandbox_core::labels::{self, Owner};
+use sandbox_core::{
+    Capabilities, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream, PullPolicy,
+    Result, Run, RunExt, RunInfo, RunSpec, ca,
+};
+
+pub use body::{KEEPALIVE, container_body, run_env};
+
+sandbox_core::register_driver!("docker", "Docker Engine API (bollard)", DockerDriver::from_config);
+
+/// How the driver reaches the daemon.
+#[derive(Debug, Clone, Default)]
+pub struct DockerConfig {
+    /// `unix:///path`, `tcp://host:port` or `http://...`; default: `DOCKER_HOST`, else the
+    /// local socket.
+    pub host: Option<String>,
+    /// Per-request timeout of the API client (not of exec streams). Default 60 s.
+    pub timeout: Option<Duration>,
+}
+
+/// The Docker driver.
+#[derive(Debug, Clone)]
+pub struct DockerDriver {
+    docker: Docker,
+    address: String,
+}
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
+
+impl DockerDriver {
+    /// Connects to the daemon and negotiates the API version (Debian's dockerd speaks 1.41).
+    /// An unreachable daemon is [`ErrorKind::Unavailable`] naming the address tried.
+    pub async fn connect(config: DockerConfig) -> Result<DockerDriver> {
+        let (address, origin) = match (&config.host, std::env::var("DOCKER_HOST")) {
+            (Some(h), _) => (h.clone(), "config"),
+            (None, Ok(h)) if !h.is_empty() => (h, "DOCKER_HOST"),
+            _ => (DEFAULT_SOCKET.to_string(), "default socket"),
+        };
+        let unavailable = |e: bollard::errors::Error| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("cannot reach the Docker daemon at {address} ({origin})"),
+            )
+            .with_source(e)
+        };
+        let docker = Docker::connect_with_host(&address)
+            .map_err(unavailable)?
+            .with_timeout(config.timeout.unwrap_or(DEFAULT_TIMEOUT));
+        let docker = docker.negotiate_version().await.map_err(unavailable)?;
+        Ok(DockerDriver { docker, address })
+    }
+
+    /// The registry constructor: keys `host` and `timeout_secs`.
+    pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
+        let host = config.take("host");
+        let timeout = config.take_parsed::<u64>("timeout_secs")?.map(Duration::from_secs);
+        config.finish()?;
+        Ok(Arc::new(DockerDriver::connect(DockerConfig { host, timeout }).await?))
+    }
+
+    /// The bollard client, for what this crate does not cover.
+    pub fn client(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// The daemon address in use.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    async fn ensure_image(&self, image: &str, policy: PullPolicy) -> Result<()> {
+        let present = match self.docker.inspect_image(image).await {
+            Ok(_) => true,
+            Err(e) if error::status(&e) == Some(404) => false,
+            Err(e) => return Err(error::map("inspect image", e).with("image", image)),
+        };
+        let pull = match policy {
+            PullPolicy::Always => true,
+            PullPolicy::IfNotPresent => !present,
+            PullPolicy::Never => false,
+        };
+        if !pull {
+            return if present {
+                Ok(())
+            } else {
+                Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("image {image} is not present and the pull policy is never"),
+                )
+                .with("image", image))
+            };
+        }
+        let options = CreateImageOptionsBuilder::default().from_image(image).build();
+        let pulled: std::result::Result<Vec<_>, _> =
+            self.docker.create_image(Some(options), None, None).try_collect().await;
+        match pulled {
+            Ok(_) => Ok(()),
+            Err(e) if present => {
+                tracing::warn!(image, "pull failed, using the local image: {e}");
+                Ok(())
+            }
+            Err(e) => Err(Error::new(
+                ErrorKind::NotFound,
+                format!("image {image} is not present and could not be pulled"),
+            )
+            .with("image", image)
+            .with_source(e)),
+        }
+    }
+
+    /// Everything after the container exists; on error the caller removes it.
+    async fn set_up(&self, id: &str, spec: &RunSpec) -> Result<()> {
+        if let Some(pem) = &spec.ca_bundle {
+            self.install_ca(id, spec, &ca::parse_certificates(pem)?).await?;
+        }
+        self.docker
+            .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
+            .await
+            .map_err(|e| error::map("start container", e).with("run", id))?;
+        let run = DockerRun::new(self.docker.clone(), id.to_string());
+        for (i, argv) in spec.post_create.iter().enumerate() {
+            let out = run.exec(ExecSpec { argv: argv.clone(), ..Default::default() }).await?;
+            if !out.status.success() {
+                let tail = |b: &[u8]| String::from_utf8_lossy(&b[b.len().saturating_sub(4096)..]).into_owned();
+                return Err(Error::new(
+                    ErrorKind::PostCreateFailed,
+                    format!("post_create[{i}] ({}) {}", argv[0], out.status),
+                )
+                .with("run", id)
+                .with("status", &out.status)
+                .with("stdout", tail(&out.stdout))
+                .with("stderr", tail(&out.stderr)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the CA files into the created (not yet started) container: the injected
+    /// certificates, the full bundle, and, where the image has a system bundle and a
+    /// writable root, the system bundle itself plus an `update-ca-certificates` source.
+    async fn install_ca(&self, id: &str, spec: &RunSpec, injected: &str) -> Result<()> {
+        let mut system = None;
+        for path in ca::SYSTEM_BUNDLES {
+            if let Some(text) = self.read_regular_file(id, path).await? {
+                system = Some((path, text));
+                break;
+            }
+        }
+        let bundle = ca::full_bundle(system.as_ref().map_or("", |(_, t)| t), injected);
+        let mut files: Vec<(String, String)> = vec![
+            (ca::CA_FILE.into(), injected.to_string()),
+            (ca::BUNDLE_FILE.into(), bundle.clone()),
+        ];
+        if let (Some((path, _)), false) = (system, spec.security.read_only_rootfs) {
+            files.push((path.to_string(), bundle));
+            files.push((ca::SYSTEM_EXTRA_DIR_FILE.into(), injected.to_string()));
+        }
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, text) in &files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(text.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, path.trim_start_matches('/'), text.as_bytes())
+                .map_err(|e| Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e))?;
+        }
+        let tar = builder
+            .into_inner()
+            .map_err(|e| Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e))?;
+        put_archive(&self.docker, id, "/", tar.into()).await
+    }
+
+    /// A regular file's text from the container, `None` if absent or not a regular file.
+    async fn read_regular_file(&self, id: &str, path: &str) -> Result<Option<String>> {
+        let tar = match get_archive(&self.docker, id, path).await {
+            Ok(t) => t,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut archive = tar::Archive::new(&tar[..]);
+        let bad = |e: std::io::Error| Error::new(ErrorKind::Backend, "unreadable archive").with("path", path).with_source(e);
+        let Some(entry) = archive.entries().map_err(bad)?.next() else { return Ok(None) };
+        let mut entry = entry.map_err(bad)?;
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            return Ok(None);
+        }
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut entry, &mut text).map_err(bad)?;
+        Ok(Some(text))
+    }
+}
+
+#[async_trait]
+impl Driver for DockerDriver {
+    fn name(&self) -> &str {
+        "docker"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities::default();
+        c.workspace_mount = true;
+        c.exec_user = true;
+        c.user_names = true;
+        c.memory_limit = true;
+        c.cpu_limit = true;
+        c.pids_limit = true;
+        c.network_none = true;
+        c.read_only_rootfs = true;
+        c.cap_drop = true;
+        c.no_new_privileges = true;
+        c.ttl = true;
+        c.files = true;
+        c.attach = true;
+        c.system_trust_store = true;
+        c
+    }
+
+    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
+        sandbox_core::prepare(spec, &self.capabilities())?;
+        self.ensure_image(&spec.image, spec.pull).await?;
+        let id = sandbox_core::new_run_id();
+        let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
+        let body = container_body(spec, &labels);
+        let options = CreateContainerOptionsBuilder::default().name(&id).build();
+        self.docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| error::map("create container", e).with("image", &spec.image))?;
+        if let Err(e) = self.set_up(&id, spec).await {
+            if let Err(cleanup) = self.remove(&id).await {
+                tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
+            }
+            return Err(e);
+        }
+        tracing::debug!(run = %id, image = %spec.image, "run started");
+        Ok(Box::new(DockerRun::new(self.docker.clone(), id)))
+    }
+
+    async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
+        let inspect = self
+            .docker
+            .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
+            .await
+            .map_err(|e| error::map("inspect container", e).with("run", id))?;
+        let managed = inspect
+            .config
+            .and_then(|c| c.labels)
+            .and_then(|l| l.get(labels::MANAGED_BY).cloned());
+        if managed.as_deref() != Some(labels::MANAGED_BY_VALUE) {
+            return Err(Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id));
+        }
+        if inspect.state.and_then(|s| s.running) != Some(true) {
+            return Err(Error::new(ErrorKind::RunLost, "the run's container is not running").with("run", id));
+        }
+        Ok(Box::new(DockerRun::new(self.docker.clone(), id.to_string())))
+    }
+
+    async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+        let mut label_filters = vec![format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE)];
+        label_filters.extend(selector.iter().map(|(k, v)| format!("{k}={v}")));
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&HashMap::from([("label".to_string(), label_filters)]))
+            .build();
+        let containers = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| error::map("list containers", e))?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let labels: BTreeMap<String, String> = c.labels?.into_iter().collect();
+                Some(RunInfo {
+                    id: labels.get(labels::RUN_ID)?.clone(),
+                    running: c.state.map(|s| s.to_string()) .as_deref() == Some("running"),
+                    labels,
+                })
+            })
+            .collect())
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        remove_container(&self.docker, id).await
+    }
+}
+
+async fn remove_container(docker: &Docker, id: &str) -> Result<()> {
+    let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+    match docker.remove_container(id, Some(options)).await {
+        Ok(()) => Ok(()),
+        Err(e) if error::status(&e) == Some(404) => Ok(()),
+        // "removal already in progress": another stop got there first.
+        Err(e) if error::status(&e) == Some(409) => Ok(()),
+        Err(e) => Err(error::map("remove container", e).with("run", id)),
+    }
+}
+
+async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: Bytes) -> Result<()> {
+    let options = UploadToContainerOptionsBuilder::default().path(dir).build();
+    docker
+        .upload_to_container(id, Some(options), bollard::body_full(tar))
+        .await
+        .map_err(|e| error::map("upload archive", e).with("run", id).with("path", dir))
+}
+
+async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<Bytes> {
+    let options = DownloadFromContainerOptionsBuilder::default().path(path).build();
+    let chunks: Vec<Bytes> = docker
+        .download_from_container(id, Some(options))
+        .try_collect()
+        .await
+        .map_err(|e| error::map("download archive", e).with("run", id).with("path", path))?;
+    Ok(chunks.concat().into())
+}
+
+/// One run: a container entered by exec.
+#[derive(Debug)]
+pub struct DockerRun {
+    docker: Docker,
+    id: String,
+}
+
+impl DockerRun {
+    fn new(docker: Docker, id: String) -> DockerRun {
+        DockerRun { docker, id }
+    }
+}
+
+#[async_trait]
+impl Run for DockerRun {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
+        exec::start(&self.docker, &self.id, spec).await
+    }
+
+    async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()> {
+        put_archive(&self.docker, &self.id, dir, tar).await
+    }
+
+    async fn get_archive(&self, path: &str) -> Result<Bytes> {
+        get_archive(&self.docker, &self.id, path).await
+    }
+
+    async fn stop(&self) -> Result<()> {
+        remove_container(&self.docker, &self.id).await
+    }
+}

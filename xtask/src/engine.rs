@@ -1,0 +1,64 @@
+//! The Docker engine the tests need: found, started, or reported missing exactly.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+fn docker_answers() -> bool {
+    Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Makes sure a Docker engine answers: starts `dockerd` if it is installed and we are
+/// root, otherwise says exactly what is missing.
+pub fn ensure_docker() -> Result<()> {
+    if docker_answers() {
+        return Ok(());
+    }
+    if Command::new("docker").arg("--version").output().is_err() {
+        bail!("the docker CLI is missing: install Debian's docker.io (apt-get install docker.io)");
+    }
+    let dockerd = ["/usr/sbin/dockerd", "/usr/bin/dockerd"].into_iter().find(|p| std::path::Path::new(p).exists());
+    let Some(dockerd) = dockerd else {
+        bail!("no Docker engine answers and dockerd is not installed: apt-get install docker.io");
+    };
+    if std::env::var("DOCKER_HOST").is_ok_and(|h| !h.is_empty()) {
+        bail!("DOCKER_HOST is set but no engine answers there");
+    }
+    eprintln!("starting {dockerd} (log: /var/log/sandbox-dockerd.log)");
+    let log = std::fs::File::create("/var/log/sandbox-dockerd.log")
+        .or_else(|_| std::fs::File::create(std::env::temp_dir().join("sandbox-dockerd.log")))?;
+    Command::new("setsid")
+        .arg(dockerd)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if docker_answers() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    bail!("started dockerd but it did not answer within 60 s; see /var/log/sandbox-dockerd.log (are you root?)")
+}
+
+/// Fails if any container made by the library is left on the engine.
+pub fn assert_no_leftovers() -> Result<()> {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--filter", "label=sandbox.dev/managed-by"])
+        .output()?;
+    let ids = String::from_utf8_lossy(&out.stdout);
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    if !ids.is_empty() {
+        bail!("the tests left {} container(s) behind: {}", ids.len(), ids.join(" "));
+    }
+    eprintln!("no container labelled sandbox.dev/managed-by is left on the engine");
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! Test images built without any registry: a root filesystem made here, `docker import`ed.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+/// The busybox test image. Its ENTRYPOINT would leave a mark and exit 3: the suite proves
+/// the library never runs it.
+pub const BUSYBOX: &str = "sandbox-test/busybox:latest";
+const BUSYBOX_BIN: &str = "/bin/busybox";
+const ENTRYPOINT: &str = r#"ENTRYPOINT ["/bin/sh", "-c", "touch /entrypoint-ran; exit 3"]"#;
+
+/// Builds the test images (cheap to repeat: a rebuild only retags).
+pub fn build() -> Result<()> {
+    if !Path::new(BUSYBOX_BIN).exists() {
+        bail!("{BUSYBOX_BIN} is missing: install Debian's busybox-static (apt-get install busybox-static)");
+    }
+    let rootfs = busybox_rootfs().context("building the busybox root filesystem")?;
+    let hash = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        (&rootfs, ENTRYPOINT).hash(&mut h);
+        format!("{:016x}", h.finish())
+    };
+    let current = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{index .Config.Labels \"sandbox.test/content\"}}", BUSYBOX])
+        .output()?;
+    if String::from_utf8_lossy(&current.stdout).trim() == hash {
+        eprintln!("{BUSYBOX} is up to date");
+        return Ok(());
+    }
+    let label = format!("LABEL sandbox.test/content={hash}");
+    let mut child = Command::new("docker")
+        .args(["import", "--change", ENTRYPOINT, "--change", "CMD []", "--change", &label, "-", BUSYBOX])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("running docker import")?;
+    child.stdin.take().expect("piped stdin").write_all(&rootfs)?;
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("docker import of {BUSYBOX} failed: {status}");
+    }
+    eprintln!("built {BUSYBOX}");
+    Ok(())
+}
+
+fn busybox_rootfs() -> Result<Vec<u8>> {
+    let busybox = std::fs::read(BUSYBOX_BIN)?;
+    let applets = Command::new(BUSYBOX_BIN).arg("--list").output()?;
+    let applets = String::from_utf8(applets.stdout)?;
+    let mut tar = tar::Builder::new(Vec::new());
+    for dir in ["bin", "etc", "etc/ssl", "etc/ssl/certs", "root", "proc", "sys", "dev", "usr", "usr/local", "usr/local/share", "usr/local/share/ca-certificates"] {
+        append_dir(&mut tar, dir, 0o755, 0)?;
+    }
+    append_dir(&mut tar, "tmp", 0o1777, 0)?;
+    append_dir(&mut tar, "home", 0o755, 0)?;
+    append_dir(&mut tar, "home/sandbox", 0o755, 1000)?;
+    append_file(&mut tar, "bin/busybox", &busybox, 0o755)?;
+    for applet in applets.lines().filter(|a| !a.is_empty() && *a != "busybox") {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_mode(0o777);
+        header.set_size(0);
+        tar.append_link(&mut header, format!("bin/{applet}"), "busybox")?;
+    }
+    append_file(&mut tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n", 0o644)?;
+    append_file(&mut tar, "etc/group", b"root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n", 0o644)?;
+    // A system trust store (the host's roots), so the suite can check the full CA bundle.
+    let roots = std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    append_file(&mut tar, "etc/ssl/certs/ca-certificates.crt", &roots, 0o644)?;
+    Ok(tar.into_inner()?)
+}
+
+fn append_dir(tar: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, uid: u64) -> Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Directory);
+    header.set_mode(mode);
+    header.set_uid(uid);
+    header.set_gid(uid);
+    header.set_size(0);
+    tar.append_data(&mut header, path, std::io::empty())?;
+    Ok(())
+}
+
+fn append_file(tar: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8], mode: u32) -> Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(mode);
+    header.set_size(data.len() as u64);
+    tar.append_data(&mut header, path, data)?;
+    Ok(())
+}
