@@ -150,7 +150,7 @@ pub struct RunInfo {
     pub id: String,
     /// Every label of the target (the library's and the caller's).
     pub labels: BTreeMap<String, String>,
-    /// Whether the target is running.
+    /// False once the target has exited or died (a target being created counts as running).
     pub running: bool,
 }
 
@@ -165,10 +165,15 @@ pub enum ReapReason {
     NotRunning,
 }
 
-/// Removes the managed runs that nobody can use any more: expired, owned by a dead process
-/// of this host, or no longer running. Returns what it removed and why.
-pub async fn reap(driver: &dyn Driver) -> Result<Vec<(String, ReapReason)>> {
-    let selector = BTreeMap::from([(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string())]);
+/// Removes the managed runs matching `selector` (empty: all) that nobody can use any more:
+/// expired, owned by a dead process of this host, or no longer running. Returns what it
+/// removed and why. Runs of live owners and of other hosts are left alone until they expire.
+pub async fn reap(
+    driver: &dyn Driver,
+    selector: &BTreeMap<String, String>,
+) -> Result<Vec<(String, ReapReason)>> {
+    let mut selector = selector.clone();
+    selector.insert(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string());
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let mut reaped = Vec::new();
     for run in driver.list(&selector).await? {

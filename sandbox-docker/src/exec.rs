@@ -97,7 +97,7 @@ pub async fn start(docker: &Docker, container: &str, spec: ExecSpec) -> Result<E
         container: container.to_string(),
         exec_id: created.id,
         marker: exec_id_marker,
-        user: spec.user.clone(),
+        spec: ExecSpec { stdin: Stdin::Null, timeout: None, ..spec.clone() },
     };
     Ok(ExecStream::spawn(
         &spec,
@@ -125,7 +125,32 @@ struct DockerExec {
     container: String,
     exec_id: String,
     marker: String,
-    user: Option<String>,
+    /// The exec's own spec, for the kill and the 126 probe (same user, env, directory).
+    spec: ExecSpec,
+}
+
+impl DockerExec {
+    /// Runs a helper script in the run with this exec's user and environment.
+    async fn helper(&self, script: &str, args: &[&str], in_root: bool) -> Result<ExitStatus> {
+        let mut argv: Vec<String> = ["sh", "-c", script, "sandbox-helper"].map(String::from).to_vec();
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let mut spec = ExecSpec { argv, ..self.spec.clone() };
+        if in_root {
+            spec.working_dir = Some("/".into());
+        }
+        Ok(Box::pin(start(&self.docker, &self.container, spec)).await?.wait().await)
+    }
+
+    /// Docker before 23 reports 126 both for "not executable" and "not found"; a shell
+    /// reports 127 for the latter. Probe whether the program exists to tell them apart.
+    async fn refine_126(&self) -> ExitStatus {
+        let program = &self.spec.argv[0];
+        let probe = r#"command -v -- "$1" >/dev/null 2>&1 || [ -e "$1" ]"#;
+        match self.helper(probe, &[program], false).await {
+            Ok(ExitStatus::Exited(1)) => ExitStatus::Exited(127),
+            _ => ExitStatus::Exited(126),
+        }
+    }
 }
 
 #[async_trait]
@@ -139,6 +164,7 @@ impl ExecControl for DockerExec {
                 .await
                 .map_err(|e| error::map("inspect exec", e).with("run", &self.container))?;
             match (inspect.running, inspect.exit_code) {
+                (Some(false), Some(126)) => return Ok(self.refine_126().await),
                 (Some(false), Some(code)) => return Ok(ExitStatus::from_code(code)),
                 _ if tokio::time::Instant::now() >= deadline => {
                     return Err(Error::new(
@@ -153,16 +179,7 @@ impl ExecControl for DockerExec {
     }
 
     async fn kill(&self) -> Result<()> {
-        let spec = ExecSpec {
-            argv: ["sh", "-c", KILL_SCRIPT, "sandbox-kill", &self.marker]
-                .map(String::from)
-                .to_vec(),
-            user: self.user.clone(),
-            working_dir: Some("/".into()),
-            ..Default::default()
-        };
-        let killer = Box::pin(start(&self.docker, &self.container, spec)).await?;
-        let status = killer.wait().await;
+        let status = self.helper(KILL_SCRIPT, &[&self.marker], true).await?;
         if status.success() {
             Ok(())
         } else {

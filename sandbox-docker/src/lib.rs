@@ -302,7 +302,10 @@ impl Driver for DockerDriver {
                 let labels: BTreeMap<String, String> = c.labels?.into_iter().collect();
                 Some(RunInfo {
                     id: labels.get(labels::RUN_ID)?.clone(),
-                    running: c.state.map(|s| s.to_string()) .as_deref() == Some("running"),
+                    running: !matches!(
+                        c.state.map(|s| s.to_string()).as_deref(),
+                        Some("exited" | "dead")
+                    ),
                     labels,
                 })
             })

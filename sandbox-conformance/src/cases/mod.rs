@@ -1,0 +1,65 @@
+//! The cases, grouped by concern. Each is a public async function of a [`Context`].
+
+use sandbox_core::Capabilities;
+
+use crate::{Case, Context};
+
+mod env;
+mod exec;
+mod files;
+mod lifecycle;
+mod robustness;
+mod workspace;
+
+pub use env::*;
+pub use exec::*;
+pub use files::*;
+pub use lifecycle::*;
+pub use robustness::*;
+pub use workspace::*;
+
+macro_rules! case {
+    ($f:ident) => {
+        case!($f, |_| true)
+    };
+    ($f:ident, $applies:expr) => {
+        Case { name: stringify!($f), applies: $applies, run: |cx: &Context| Box::pin($f(cx)) }
+    };
+}
+
+fn files(c: &Capabilities) -> bool {
+    c.files
+}
+
+/// Every case, with the capabilities it needs.
+pub static CASES: &[Case] = &[
+    case!(invalid_specs_are_rejected_before_anything_exists),
+    case!(entrypoint_never_runs),
+    case!(workspace_persists_across_execs),
+    case!(workspace_host_dir_is_shared, |c| c.workspace_mount || c.workspace_seed),
+    case!(working_dir_is_the_same_on_every_exec),
+    case!(env_is_injected_and_exec_env_wins),
+    case!(proxy_is_set_in_both_cases),
+    case!(ca_variables_point_at_the_injected_cert),
+    case!(post_create_effects_are_visible),
+    case!(failing_post_create_leaves_nothing),
+    case!(exit_codes_are_distinct),
+    case!(stdout_and_stderr_are_apart_and_binary_safe, files),
+    case!(stdin_round_trips_with_eof),
+    case!(files_round_trip, files),
+    case!(stop_is_idempotent_and_leaves_nothing),
+    case!(dropped_guard_cleans_up),
+    case!(guard_cleans_up_on_panic),
+    case!(attach_sees_the_same_run, |c| c.attach),
+    case!(removed_target_is_run_lost),
+    case!(timeout_kills_the_process_tree),
+    case!(cancellation_kills_the_process_tree),
+    case!(background_stdout_holder_returns),
+    case!(buffered_output_is_capped),
+    case!(large_output_streams_in_bounded_memory),
+    case!(concurrent_execs_keep_their_output),
+    case!(orphans_do_not_become_zombies),
+    case!(stop_is_fast),
+    case!(reap_removes_runs_of_a_killed_owner),
+    case!(ttl_expired_runs_are_reaped, |c| c.ttl),
+];

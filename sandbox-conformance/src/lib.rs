@@ -1,0 +1,154 @@
+//! The conformance suite every `sandbox` driver must pass: ours and third parties'.
+//!
+//! Each case is a public `async fn(&Context) -> anyhow::Result<()>`, so a driver's own
+//! tests can call them one by one. [`CASES`] lists them with the capabilities they need;
+//! [`run_case`] runs one and then asserts that the backend holds nothing labelled with
+//! the case; [`harness::main`] is a whole `harness = false` test binary that picks the
+//! driver from `SANDBOX_TEST=<name>` and its config from `SANDBOX_<NAME>_*`.
+//!
+//! The suite's image (`SANDBOX_CONFORMANCE_IMAGE`, default `sandbox-test/busybox:latest`,
+//! built by `cargo xtask test-images`) must have a POSIX shell with BusyBox-like tools,
+//! and an ENTRYPOINT that would create `/entrypoint-ran` (the suite proves it never runs).
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail, ensure};
+use futures::future::BoxFuture;
+use sandbox_core::{Capabilities, Driver, ExecOutput, ExecSpec, Network, Run, RunExt, RunSpec};
+
+pub mod cases;
+pub mod harness;
+
+pub use cases::CASES;
+
+/// The label that marks everything one suite session creates.
+pub const SESSION_LABEL: &str = "sandbox.conformance/session";
+/// The label that marks everything one case creates.
+pub const CASE_LABEL: &str = "sandbox.conformance/case";
+/// The default image of the suite.
+pub const DEFAULT_IMAGE: &str = "sandbox-test/busybox:latest";
+/// A self-signed test CA (its key was thrown away).
+pub const TEST_CA: &str = include_str!("../testdata/test-ca.pem");
+
+/// What a case runs against: the driver, its capabilities, the image and the labels that
+/// mark what the case creates.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// The driver under test.
+    pub driver: Arc<dyn Driver>,
+    /// Its capabilities, read once.
+    pub caps: Capabilities,
+    /// The suite image.
+    pub image: String,
+    session: String,
+    case: String,
+}
+
+impl Context {
+    /// A context for a new suite session.
+    pub fn new(driver: Arc<dyn Driver>, image: impl Into<String>) -> Context {
+        let caps = driver.capabilities();
+        Context {
+            driver,
+            caps,
+            image: image.into(),
+            session: format!("s{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff),
+            case: "none".into(),
+        }
+    }
+
+    /// The same session, marked for one case.
+    pub fn for_case(&self, case: &str) -> Context {
+        Context { case: case.replace('_', "-"), ..self.clone() }
+    }
+
+    /// The session id (label value).
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// A spec of the suite image with the case's labels and no network.
+    pub fn spec(&self) -> RunSpec {
+        let mut spec = RunSpec::new(&self.image)
+            .label(SESSION_LABEL, &self.session)
+            .label(CASE_LABEL, &self.case);
+        if self.caps.network_none {
+            spec.network = Network::None;
+        }
+        spec
+    }
+
+    /// The labels of this case.
+    pub fn case_selector(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (SESSION_LABEL.to_string(), self.session.clone()),
+            (CASE_LABEL.to_string(), self.case.clone()),
+        ])
+    }
+
+    /// The labels of the whole session.
+    pub fn session_selector(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(SESSION_LABEL.to_string(), self.session.clone())])
+    }
+
+    /// Fails if the backend holds anything labelled with this case.
+    pub async fn assert_case_clean(&self) -> anyhow::Result<()> {
+        let left = self.driver.list(&self.case_selector()).await?;
+        ensure!(left.is_empty(), "runs left behind: {:?}", left.iter().map(|r| &r.id).collect::<Vec<_>>());
+        Ok(())
+    }
+
+    /// Fails if the backend holds anything labelled with this session.
+    pub async fn assert_session_clean(&self) -> anyhow::Result<()> {
+        let left = self.driver.list(&self.session_selector()).await?;
+        ensure!(left.is_empty(), "runs left behind by the session: {:?}", left.iter().map(|r| &r.id).collect::<Vec<_>>());
+        Ok(())
+    }
+}
+
+/// One case of the suite.
+pub struct Case {
+    /// Its name, as the test is called.
+    pub name: &'static str,
+    /// Whether it applies to a driver with these capabilities.
+    pub applies: fn(&Capabilities) -> bool,
+    /// The case itself.
+    pub run: for<'a> fn(&'a Context) -> BoxFuture<'a, anyhow::Result<()>>,
+}
+
+/// Runs one case, then asserts that nothing labelled with it remains (also when it failed).
+pub async fn run_case(cx: &Context, case: &Case) -> anyhow::Result<()> {
+    let cx = cx.for_case(case.name);
+    let result = (case.run)(&cx).await;
+    let clean = cx.assert_case_clean().await;
+    result?;
+    clean
+}
+
+/// Runs every case that the driver's capabilities allow, in order; returns the failures.
+pub async fn run_all(cx: &Context) -> Vec<(&'static str, anyhow::Error)> {
+    let mut failures = Vec::new();
+    for case in CASES.iter().filter(|c| (c.applies)(&cx.caps)) {
+        if let Err(e) = run_case(cx, case).await {
+            failures.push((case.name, e));
+        }
+    }
+    failures
+}
+
+/// Runs `argv` and returns its output, failing on anything but exit 0.
+pub async fn sh_ok(run: &dyn Run, script: &str) -> anyhow::Result<ExecOutput> {
+    let out = run.exec(ExecSpec::new(["sh", "-c", script])).await?;
+    if !out.status.success() {
+        bail!("`{script}` {}; stdout {:?}; stderr {:?}", out.status, out.stdout_str(), out.stderr_str());
+    }
+    Ok(out)
+}
+
+/// Runs a shell script and returns its trimmed stdout.
+pub async fn sh_stdout(run: &dyn Run, script: &str) -> anyhow::Result<String> {
+    let out = sh_ok(run, script).await.with_context(|| format!("running {script:?}"))?;
+    Ok(out.stdout_str().trim_end().to_string())
+}

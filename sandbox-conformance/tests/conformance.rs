@@ -1,0 +1,8 @@
+//! The conformance suite against our own drivers: `SANDBOX_TEST=docker cargo test -p
+//! sandbox-conformance --test conformance` (or `cargo xtask conformance`).
+
+use sandbox_docker as _;
+
+fn main() {
+    sandbox_conformance::harness::main()
+}

@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# Single-node Kubernetes test cluster on loopback, built from pinned Go modules:
+# etcd + kube-apiserver + kube-controller-manager + kube-scheduler (upstream) and a
+# virtual-kubelet node whose pods are local Docker containers (ours, ./node).
+#
+# Usage: cluster.sh up|down|status
+#   up      build binaries if needed, create certs, start everything, wait for the
+#           node to be Ready; the LAST line of stdout is the kubeconfig path.
+#   down    stop everything, remove the provider's containers and the cluster state
+#           (etcd data, pod volumes, pid files). Binaries and certificates are kept.
+#   status  show which processes run and whether the node is Ready (exit 0 if up).
+#
+# Environment:
+#   SANDBOX_K8S_STATE   state dir (default: <repo>/target/k8s)
+#   SANDBOX_K8S_API_PORT  kube-apiserver port (default 6443)
+#   GO                  go binary (default: go in PATH, else /usr/local/go/bin/go)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))
+state=${SANDBOX_K8S_STATE:-$repo/target/k8s}
+api_port=${SANDBOX_K8S_API_PORT:-6443}
+etcd_port=32379 # client; peer is etcd_port+1. Not 2379, to stay clear of other etcds.
+node_port=10250
+node_name=sandbox-node
+ready_timeout=${SANDBOX_K8S_READY_TIMEOUT:-180}
+
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+export GOTOOLCHAIN=local
+
+pki=$state/pki
+run=$state/run
+logs=$state/logs
+kubeconfig=$state/kubeconfig
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler sandbox-node)
+
+log() { echo "cluster.sh: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- binaries ---------------------------------------------------------------
+
+# Version keys: the pinned Kubernetes version plus a hash of everything that
+# determines the binaries, so an unchanged checkout never rebuilds.
+hash_files() { (cd "$here" && cat "$@" && "$GO" version) | sha256sum | cut -c1-12; }
+cp_key() {
+  local v
+  v=$(awk '$1 == "k8s.io/kubernetes" { print $2 }' "$here/controlplane/go.mod")
+  echo "controlplane-$v-$(hash_files controlplane/go.mod controlplane/go.sum controlplane/build.sh controlplane/cmd/etcd/main.go)"
+}
+node_key() {
+  local files
+  files=$(cd "$here" && find node -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort)
+  # shellcheck disable=SC2086
+  echo "node-$(hash_files $files)"
+}
+
+build_binaries() {
+  command -v "$GO" >/dev/null || die "go not found (set GO=...)"
+  cp_bin=$state/bin/$(cp_key)
+  node_bin=$state/bin/$(node_key)
+  if [[ ! -f $cp_bin/.complete ]]; then
+    log "building control plane into $cp_bin (cold: several minutes; log: $logs/build-controlplane.log)"
+    local t0=$SECONDS
+    rm -rf "$cp_bin"
+    if ! "$here/controlplane/build.sh" "$cp_bin" >"$logs/build-controlplane.log" 2>&1; then
+      tail -n 30 "$logs/build-controlplane.log" >&2
+      die "control-plane build failed"
+    fi
+    touch "$cp_bin/.complete"
+    log "control plane built in $((SECONDS - t0))s"
+  fi
+  if [[ ! -f $node_bin/.complete ]]; then
+    log "building sandbox-node into $node_bin"
+    local t0=$SECONDS
+    rm -rf "$node_bin"
+    mkdir -p "$node_bin"
+    if ! (cd "$here/node" && CGO_ENABLED=0 GOFLAGS=-mod=readonly "$GO" build -trimpath -ldflags "-s -w" \
+          -o "$node_bin/sandbox-node" .) >"$logs/build-node.log" 2>&1; then
+      tail -n 30 "$logs/build-node.log" >&2
+      die "sandbox-node build failed"
+    fi
+    touch "$node_bin/.complete"
+    log "sandbox-node built in $((SECONDS - t0))s"
+  fi
+}
+
+# --- certificates -----------------------------------------------------------
+
+# sign NAME SUBJECT [SAN] [EXT_KEY_USAGE]: key + certificate signed by the CA.
+sign() {
+  local name=$1 subj=$2 san=${3:-} eku=${4:-clientAuth}
+  local ext=$pki/$name.ext
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$eku"
+    [[ -n $san ]] && echo "subjectAltName=$san"
+  } >"$ext"
+  openssl genrsa -out "$pki/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$ext" -out "$pki/$name.crt" 2>/dev/null
+  rm -f "$pki/$name.csr" "$ext"
+}
+
+make_pki() {
+  [[ -f $pki/.complete ]] && return
+  log "generating certificates in $pki"
+  rm -rf "$pki"
+  mkdir -p "$pki"
+  chmod 700 "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 3650 \
+    -subj "/CN=sandbox-k8s-ca" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+  sign apiserver "/CN=kube-apiserver" \
+    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
+    serverAuth
+  sign admin "/O=system:masters/CN=kubernetes-admin"
+  sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  touch "$pki/.complete"
+}
+
+make_kubeconfig() {
+  local b64
+  b64() { base64 -w0 <"$1"; }
+  cat >"$kubeconfig.tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: sandbox
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority-data: $(b64 "$pki/ca.crt")
+users:
+- name: admin
+  user:
+    client-certificate-data: $(b64 "$pki/admin.crt")
+    client-key-data: $(b64 "$pki/admin.key")
+contexts:
+- name: sandbox
+  context: {cluster: sandbox, user: admin, namespace: default}
+current-context: sandbox
+EOF
+  chmod 600 "$kubeconfig.tmp"
+  mv "$kubeconfig.tmp" "$kubeconfig"
+}
+
+# --- processes --------------------------------------------------------------
+
+pid_of() { cat "$run/$1.pid" 2>/dev/null || true; }
+
+# running NAME: the recorded pid is alive and still runs our binary.
+running() {
+  local pid
+  pid=$(pid_of "$1")
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "/$1 "
+}
+
+# start NAME BINARY ARGS...: detached (own session), output to logs/NAME.log.
+start() {
+  local name=$1 bin=$2
+  shift 2
+  if running "$name"; then
+    return
+  fi
+  [[ -x $bin ]] || die "missing binary $bin"
+  setsid nohup "$bin" "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$run/$name.pid"
+  log "started $name (pid $!)"
+}
+
+fail_with_log() {
+  local name=$1
+  shift
+  log "error: $*"
+  if [[ -f $logs/$name.log ]]; then
+    log "last lines of $logs/$name.log:"
+    tail -n 40 "$logs/$name.log" >&2
+  fi
+  exit 1
+}
+
+# wait_for NAME SECONDS DESCRIPTION COMMAND...: poll until COMMAND succeeds.
+wait_for() {
+  local name=$1 secs=$2 what=$3
+  shift 3
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    running "$name" || fail_with_log "$name" "$name exited while waiting for $what"
+    ((SECONDS < deadline)) || fail_with_log "$name" "timed out after ${secs}s waiting for $what"
+    sleep 0.5
+  done
+}
+
+kubectl() { "$cp_bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+node_ready() {
+  [[ $(kubectl get node "$node_name" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+}
+node_untainted() {
+  [[ -z $(kubectl get node "$node_name" -o 'jsonpath={.spec.taints}' 2>/dev/null) ]]
+}
+default_sa() { kubectl -n default get serviceaccount default; }
+
+cmd_up() {
+  mkdir -p "$state" "$run" "$logs" "$state/bin"
+  command -v docker >/dev/null || die "docker CLI not found"
+  docker info >/dev/null 2>&1 || die "docker daemon not reachable (docker info failed)"
+  build_binaries
+  make_pki
+  make_kubeconfig
+
+  start etcd "$cp_bin/etcd" \
+    --name sandbox --data-dir "$state/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-cluster "sandbox=http://127.0.0.1:$((etcd_port + 1))" \
+    --listen-metrics-urls "" --unsafe-no-fsync=true --log-level warn
+  wait_for etcd 60 "etcd health" curl -fsS "http://127.0.0.1:$etcd_port/health"
+
+  start kube-apiserver "$cp_bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/24 \
+    --authorization-mode Node,RBAC \
+    --endpoint-reconciler-type none \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP \
+    --allow-privileged=true --profiling=false \
+    --cert-dir "$run/apiserver-certs"
+  wait_for kube-apiserver 120 "apiserver /readyz" kubectl get --raw /readyz
+
+  start kube-controller-manager "$cp_bin/kube-controller-manager" \
+    --kubeconfig "$kubeconfig" \
+    --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+    --use-service-account-credentials=false --profiling=false \
+    --cert-dir "$run/kcm-certs"
+  start kube-scheduler "$cp_bin/kube-scheduler" \
+    --kubeconfig "$kubeconfig" \
+    --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false --profiling=false
+  start sandbox-node "$node_bin/sandbox-node" \
+    --kubeconfig "$kubeconfig" --node-name "$node_name" \
+    --listen-addr "127.0.0.1:$node_port" --state-dir "$state/node" \
+    --client-ca-file "$pki/ca.crt"
+
+  wait_for sandbox-node "$ready_timeout" "node $node_name Ready" node_ready
+  wait_for kube-controller-manager "$ready_timeout" "node $node_name to lose its not-ready taint" node_untainted
+  wait_for kube-controller-manager 60 "the default ServiceAccount" default_sa
+  for c in "${components[@]}"; do
+    running "$c" || fail_with_log "$c" "$c is not running"
+  done
+  log "cluster up: node $node_name Ready, apiserver https://127.0.0.1:$api_port"
+  echo "$kubeconfig"
+}
+
+stop_component() {
+  local name=$1 pid
+  pid=$(pid_of "$name")
+  if running "$name"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    log "stopped $name (pid $pid)"
+  fi
+  rm -f "$run/$name.pid"
+}
+
+cmd_down() {
+  local i
+  # Reverse order: the node first, etcd last.
+  for ((i = ${#components[@]} - 1; i >= 0; i--)); do
+    stop_component "${components[i]}"
+  done
+  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+    local ids
+    ids=$(docker ps -aq --filter "label=sandbox-test.k8s/provider=docker-vk")
+    if [[ -n $ids ]]; then
+      # shellcheck disable=SC2086
+      docker rm -f $ids >/dev/null
+      log "removed $(wc -w <<<"$ids") pod container(s)"
+    fi
+  fi
+  rm -rf "$state/etcd" "$state/node" "$run" "$kubeconfig"
+  log "cluster down (kept $state/bin and $state/pki)"
+}
+
+cmd_status() {
+  local up=0 c
+  for c in "${components[@]}"; do
+    if running "$c"; then
+      echo "$c: running (pid $(pid_of "$c"))"
+    else
+      echo "$c: stopped"
+      up=1
+    fi
+  done
+  cp_bin=$state/bin/$(cp_key)
+  if [[ -x $cp_bin/kubectl && -f $kubeconfig ]] && node_ready; then
+    echo "node $node_name: Ready"
+  else
+    echo "node $node_name: not Ready"
+    up=1
+  fi
+  [[ -f $kubeconfig ]] && echo "kubeconfig: $kubeconfig"
+  return $up
+}
+
+case ${1:-} in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+*)
+  echo "usage: $0 up|down|status" >&2
+  exit 2
+  ;;
+esac
