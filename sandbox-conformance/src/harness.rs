@@ -42,14 +42,17 @@ pub fn main() {
     }
     let args = Arguments::from_args();
     let Ok(name) = std::env::var("SANDBOX_TEST") else {
-        println!("SANDBOX_TEST is not set: the conformance suite is skipped (e.g. SANDBOX_TEST=docker)");
+        println!(
+            "SANDBOX_TEST is not set: the conformance suite is skipped (e.g. SANDBOX_TEST=docker)"
+        );
         libtest_mimic::run(&args, Vec::new()).exit();
     };
     let required = std::env::var("SANDBOX_REQUIRE")
         .unwrap_or_default()
         .split(',')
         .any(|d| d.trim() == name);
-    let driver = match runtime.block_on(sandbox_core::connect(&name, DriverConfig::from_env(&name))) {
+    let driver = match runtime.block_on(sandbox_core::connect(&name, DriverConfig::from_env(&name)))
+    {
         Ok(d) => d,
         Err(e) if e.kind() == ErrorKind::Unavailable && !required => {
             println!("driver {name} is unavailable, the conformance suite is skipped: {e}");
@@ -62,14 +65,20 @@ pub fn main() {
     };
     let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
     let cx = Context::new(driver, image);
-    println!("conformance: driver {name}, session {}, capabilities {:?}", cx.session(), cx.caps);
+    println!(
+        "conformance: driver {name}, session {}, capabilities {:?}",
+        cx.session(),
+        cx.caps
+    );
     let trials = CASES
         .iter()
         .map(|case| {
             let (runtime, cx) = (runtime.clone(), cx.clone());
             let applies = (case.applies)(&cx.caps);
             Trial::test(format!("{name}::{}", case.name), move || {
-                runtime.block_on(run_case(&cx, case)).map_err(|e| format!("{e:#}").into())
+                runtime
+                    .block_on(run_case(&cx, case))
+                    .map_err(|e| format!("{e:#}").into())
             })
             .with_ignored_flag(!applies)
         })
@@ -97,7 +106,9 @@ pub fn spawn_owner_child(cx: &Context) -> anyhow::Result<tokio::process::Child> 
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .context("spawning the owner child (is this case run from sandbox_conformance::harness::main?)")
+        .context(
+            "spawning the owner child (is this case run from sandbox_conformance::harness::main?)",
+        )
 }
 
 /// Reads the `RUN <id>` line the owner child prints once its run exists.

@@ -61,7 +61,10 @@ impl Context {
 
     /// The same session, marked for one case.
     pub fn for_case(&self, case: &str) -> Context {
-        Context { case: case.replace('_', "-"), ..self.clone() }
+        Context {
+            case: case.replace('_', "-"),
+            ..self.clone()
+        }
     }
 
     /// The session id (label value).
@@ -96,14 +99,22 @@ impl Context {
     /// Fails if the backend holds anything labelled with this case.
     pub async fn assert_case_clean(&self) -> anyhow::Result<()> {
         let left = self.driver.list(&self.case_selector()).await?;
-        ensure!(left.is_empty(), "runs left behind: {:?}", left.iter().map(|r| &r.id).collect::<Vec<_>>());
+        ensure!(
+            left.is_empty(),
+            "runs left behind: {:?}",
+            left.iter().map(|r| &r.id).collect::<Vec<_>>()
+        );
         Ok(())
     }
 
     /// Fails if the backend holds anything labelled with this session.
     pub async fn assert_session_clean(&self) -> anyhow::Result<()> {
         let left = self.driver.list(&self.session_selector()).await?;
-        ensure!(left.is_empty(), "runs left behind by the session: {:?}", left.iter().map(|r| &r.id).collect::<Vec<_>>());
+        ensure!(
+            left.is_empty(),
+            "runs left behind by the session: {:?}",
+            left.iter().map(|r| &r.id).collect::<Vec<_>>()
+        );
         Ok(())
     }
 }
@@ -142,13 +153,20 @@ pub async fn run_all(cx: &Context) -> Vec<(&'static str, anyhow::Error)> {
 pub async fn sh_ok(run: &dyn Run, script: &str) -> anyhow::Result<ExecOutput> {
     let out = run.exec(ExecSpec::new(["sh", "-c", script])).await?;
     if !out.status.success() {
-        bail!("`{script}` {}; stdout {:?}; stderr {:?}", out.status, out.stdout_str(), out.stderr_str());
+        bail!(
+            "`{script}` {}; stdout {:?}; stderr {:?}",
+            out.status,
+            out.stdout_str(),
+            out.stderr_str()
+        );
     }
     Ok(out)
 }
 
 /// Runs a shell script and returns its trimmed stdout.
 pub async fn sh_stdout(run: &dyn Run, script: &str) -> anyhow::Result<String> {
-    let out = sh_ok(run, script).await.with_context(|| format!("running {script:?}"))?;
+    let out = sh_ok(run, script)
+        .await
+        .with_context(|| format!("running {script:?}"))?;
     Ok(out.stdout_str().trim_end().to_string())
 }

@@ -56,7 +56,10 @@ pub fn parse_certificates(pem_text: &str) -> Result<String> {
             ));
         }
         x509_parser::parse_x509_certificate(block.contents()).map_err(|e| {
-            Error::invalid_spec("ca_bundle", format!("PEM block {i} is not an X.509 certificate: {e}"))
+            Error::invalid_spec(
+                "ca_bundle",
+                format!("PEM block {i} is not an X.509 certificate: {e}"),
+            )
         })?;
         out.push_str(&pem::encode_config(
             block,
@@ -87,9 +90,18 @@ mod tests {
     fn parses_a_certificate_and_rejects_other_pem() {
         let norm = parse_certificates(TEST_CA).unwrap();
         assert!(norm.starts_with("-----BEGIN CERTIFICATE-----\n"));
-        assert_eq!(parse_certificates(&format!("{TEST_CA}\n{TEST_CA}")).unwrap().matches("BEGIN").count(), 2);
+        assert_eq!(
+            parse_certificates(&format!("{TEST_CA}\n{TEST_CA}"))
+                .unwrap()
+                .matches("BEGIN")
+                .count(),
+            2
+        );
         let key = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
-        assert_eq!(parse_certificates(key).unwrap_err().field(), Some("ca_bundle"));
+        assert_eq!(
+            parse_certificates(key).unwrap_err().field(),
+            Some("ca_bundle")
+        );
         let junk = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         assert!(parse_certificates(junk).is_err());
         assert!(parse_certificates("").is_err());

@@ -47,14 +47,20 @@ impl Capabilities {
     /// Errors with [`crate::ErrorKind::Unsupported`] naming the first field of `spec` this
     /// driver cannot honour.
     pub fn check(&self, spec: &RunSpec) -> Result<()> {
-        let unsupported = |field: &str, what: &str| Err(Error::unsupported(field, format!("this driver does not support {what}")));
+        let unsupported = |field: &str, what: &str| {
+            Err(Error::unsupported(
+                field,
+                format!("this driver does not support {what}"),
+            ))
+        };
         if spec.workspace.host_dir.is_some() && !(self.workspace_mount || self.workspace_seed) {
             return unsupported("workspace.host_dir", "a host workspace directory");
         }
-        if let Some(user) = &spec.user {
-            if !self.user_names && !is_numeric_user(user) {
-                return unsupported("user", "user names (give a numeric uid[:gid])");
-            }
+        if let Some(user) = &spec.user
+            && !self.user_names
+            && !is_numeric_user(user)
+        {
+            return unsupported("user", "user names (give a numeric uid[:gid])");
         }
         if spec.resources.memory_bytes.is_some() && !self.memory_limit {
             return unsupported("resources.memory_bytes", "memory limits");
@@ -110,7 +116,10 @@ mod tests {
         spec.user = None;
         spec.network = Network::None;
         assert_eq!(none.check(&spec).unwrap_err().field(), Some("network"));
-        let caps = Capabilities { network_none: true, ..none };
+        let caps = Capabilities {
+            network_none: true,
+            ..none
+        };
         caps.check(&spec).unwrap();
     }
 }

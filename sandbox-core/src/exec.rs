@@ -106,9 +106,10 @@ pub struct StdinWriter {
 impl StdinWriter {
     /// Writes bytes; waits while the process does not read (backpressure).
     pub async fn write(&mut self, data: impl Into<Bytes>) -> Result<()> {
-        self.tx.send(data.into()).await.map_err(|_| {
-            Error::new(ErrorKind::Backend, "stdin is closed: the exec has ended")
-        })
+        self.tx
+            .send(data.into())
+            .await
+            .map_err(|_| Error::new(ErrorKind::Backend, "stdin is closed: the exec has ended"))
     }
 
     /// Closes stdin: the process reads EOF.
@@ -167,8 +168,17 @@ impl ExecStream {
             tokio::spawn(feed_stdin(sink, source, cancel.clone()));
         }
 
-        let deadline = spec.timeout.map(|t| tokio::time::Instant::from_std(started + t));
-        tokio::spawn(pump(output, control, out_tx, status_tx, deadline, cancel.clone()));
+        let deadline = spec
+            .timeout
+            .map(|t| tokio::time::Instant::from_std(started + t));
+        tokio::spawn(pump(
+            output,
+            control,
+            out_tx,
+            status_tx,
+            deadline,
+            cancel.clone(),
+        ));
 
         ExecStream {
             output: out_rx,
@@ -286,7 +296,11 @@ struct Capture {
 
 impl Capture {
     fn new(limit: usize) -> Capture {
-        Capture { bytes: Vec::new(), limit, total: 0 }
+        Capture {
+            bytes: Vec::new(),
+            limit,
+            total: 0,
+        }
     }
 
     fn push(&mut self, data: &[u8]) {
@@ -435,7 +449,13 @@ mod tests {
 
     fn fake(code: i64) -> (Box<dyn ExecControl>, Arc<AtomicBool>) {
         let killed = Arc::new(AtomicBool::new(false));
-        (Box::new(Fake { killed: killed.clone(), code }), killed)
+        (
+            Box::new(Fake {
+                killed: killed.clone(),
+                code,
+            }),
+            killed,
+        )
     }
 
     #[test]
@@ -456,7 +476,12 @@ mod tests {
             Ok(OutputChunk::Stdout(Bytes::from_static(b"world"))),
         ];
         let (control, killed) = fake(3);
-        let s = ExecStream::spawn(&ExecSpec::new(["x"]), futures::stream::iter(chunks).boxed(), None, control);
+        let s = ExecStream::spawn(
+            &ExecSpec::new(["x"]),
+            futures::stream::iter(chunks).boxed(),
+            None,
+            control,
+        );
         let out = s.collect(8).await;
         assert_eq!(out.status, ExitStatus::Exited(3));
         assert_eq!(out.stdout, b"hello wo");
@@ -483,7 +508,12 @@ mod tests {
             Err(std::io::Error::other("connection reset")),
         ];
         let (control, killed) = fake(0);
-        let s = ExecStream::spawn(&ExecSpec::new(["x"]), futures::stream::iter(chunks).boxed(), None, control);
+        let s = ExecStream::spawn(
+            &ExecSpec::new(["x"]),
+            futures::stream::iter(chunks).boxed(),
+            None,
+            control,
+        );
         let out = s.collect(100).await;
         assert!(matches!(out.status, ExitStatus::TransportLost(ref w) if w.contains("reset")));
         assert_eq!(out.stdout, b"partial");
@@ -493,7 +523,12 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_stream_kills() {
         let (control, killed) = fake(0);
-        let s = ExecStream::spawn(&ExecSpec::new(["x"]), futures::stream::pending().boxed(), None, control);
+        let s = ExecStream::spawn(
+            &ExecSpec::new(["x"]),
+            futures::stream::pending().boxed(),
+            None,
+            control,
+        );
         drop(s);
         for _ in 0..100 {
             if killed.load(Ordering::SeqCst) {

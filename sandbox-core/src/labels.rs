@@ -79,7 +79,13 @@ fn is_name(s: &str) -> bool {
 pub fn sanitize_value(s: &str) -> String {
     let mapped: String = s
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(63)
         .collect();
     mapped
@@ -146,7 +152,10 @@ pub fn run_labels(
     labels.insert(OWNER_START.into(), owner.start.to_string());
     if let Some(ttl) = ttl {
         let expires = SystemTime::now() + ttl;
-        let secs = expires.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let secs = expires
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         labels.insert(EXPIRES_AT.into(), secs.to_string());
     }
     // Applied last so that nothing can override it.
@@ -160,7 +169,11 @@ fn hostname() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_default();
     let host = sanitize_value(raw.trim());
-    if host.is_empty() { "unknown".into() } else { host }
+    if host.is_empty() {
+        "unknown".into()
+    } else {
+        host
+    }
 }
 
 /// The start time of `pid` in clock ticks since boot (field 22 of `/proc/PID/stat`).
@@ -180,7 +193,17 @@ mod tests {
         for ok in ["a", "app", "sandbox.dev/run-id", "x.y/Z_9", "A-b.c"] {
             validate_key(ok).unwrap();
         }
-        for bad in ["", "-a", "a-", "a b", "a/b/c", "/a", "A.B/c", "a/", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a b",
+            "a/b/c",
+            "/a",
+            "A.B/c",
+            "a/",
+            &"x".repeat(64),
+        ] {
             assert!(validate_key(bad).is_err(), "{bad:?} should be rejected");
         }
         validate_value("").unwrap();
@@ -195,9 +218,15 @@ mod tests {
         let me = Owner::current();
         assert!(me.start > 0);
         assert_eq!(me.is_alive(), Some(true));
-        let restarted = Owner { start: me.start + 1, ..me.clone() };
+        let restarted = Owner {
+            start: me.start + 1,
+            ..me.clone()
+        };
         assert_eq!(restarted.is_alive(), Some(false));
-        let elsewhere = Owner { host: "another-host-xyz".into(), ..me.clone() };
+        let elsewhere = Owner {
+            host: "another-host-xyz".into(),
+            ..me.clone()
+        };
         assert_eq!(elsewhere.is_alive(), None);
         let labels = run_labels("sbx-1", &me, None, &BTreeMap::new());
         assert_eq!(Owner::from_labels(&labels), Some(me));

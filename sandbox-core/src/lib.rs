@@ -21,10 +21,10 @@ mod spec;
 pub use capabilities::{Capabilities, is_numeric_user};
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{
-    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecControl, ExecOutput, ExecStream, ExitStatus, OutputChunk,
-    StdinWriter,
+    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecControl, ExecOutput, ExecStream, ExitStatus,
+    OutputChunk, StdinWriter,
 };
-pub use registry::{DriverConfig, DriverFactory, connect, driver_names, drivers};
+pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
 pub use run::{
     Driver, DriverExt, ReapReason, Run, RunExt, RunGuard, RunInfo, new_run_id, prepare, reap,
 };
@@ -33,6 +33,6 @@ pub use spec::{
     Stdin, Workspace,
 };
 
+pub use async_trait::async_trait;
 #[doc(hidden)]
 pub use inventory;
-pub use async_trait::async_trait;

@@ -19,8 +19,11 @@ pub struct DriverFactory {
     pub description: &'static str,
     /// Connects a driver from its config. Must fail with [`ErrorKind::Config`] on unknown
     /// keys and [`ErrorKind::Unavailable`] when the backend cannot be reached.
-    pub connect: fn(DriverConfig) -> BoxFuture<'static, Result<Arc<dyn Driver>>>,
+    pub connect: ConnectFn,
 }
+
+/// A driver constructor: config in, connected driver out.
+pub type ConnectFn = fn(DriverConfig) -> BoxFuture<'static, Result<Arc<dyn Driver>>>;
 
 inventory::collect!(DriverFactory);
 
@@ -45,7 +48,8 @@ macro_rules! register_driver {
 
 /// Every registered driver, sorted by name. Two registrations of one name are an error.
 pub fn drivers() -> Result<Vec<&'static DriverFactory>> {
-    let mut all: Vec<&'static DriverFactory> = inventory::iter::<DriverFactory>.into_iter().collect();
+    let mut all: Vec<&'static DriverFactory> =
+        inventory::iter::<DriverFactory>.into_iter().collect();
     all.sort_by_key(|f| f.name);
     if let Some(w) = all.windows(2).find(|w| w[0].name == w[1].name) {
         return Err(Error::new(
@@ -94,7 +98,10 @@ impl DriverConfig {
     {
         DriverConfig {
             driver: driver.to_string(),
-            values: pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            values: pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
         }
     }
 
@@ -103,7 +110,10 @@ impl DriverConfig {
         let prefix = format!("SANDBOX_{}_", driver.to_ascii_uppercase().replace('-', "_"));
         DriverConfig::new(
             driver,
-            std::env::vars().filter_map(|(k, v)| k.strip_prefix(&prefix).map(|key| (key.to_ascii_lowercase(), v))),
+            std::env::vars().filter_map(|(k, v)| {
+                k.strip_prefix(&prefix)
+                    .map(|key| (key.to_ascii_lowercase(), v))
+            }),
         )
     }
 
@@ -121,7 +131,10 @@ impl DriverConfig {
         match self.values.remove(key) {
             None => Ok(None),
             Some(v) => v.parse().map(Some).map_err(|e| {
-                Error::new(ErrorKind::Config, format!("{}: {key} = {v:?}: {e}", self.driver))
+                Error::new(
+                    ErrorKind::Config,
+                    format!("{}: {key} = {v:?}: {e}", self.driver),
+                )
             }),
         }
     }
@@ -151,7 +164,12 @@ mod tests {
     fn config_rejects_unknown_keys_and_bad_values() {
         let mut c = DriverConfig::new("x", [("a", "1"), ("b", "two"), ("typo", "")]);
         assert_eq!(c.take_parsed::<u32>("a").unwrap(), Some(1));
-        assert!(c.take_parsed::<u32>("b").unwrap_err().to_string().contains("b = \"two\""));
+        assert!(
+            c.take_parsed::<u32>("b")
+                .unwrap_err()
+                .to_string()
+                .contains("b = \"two\"")
+        );
         let e = c.finish().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
         assert!(e.to_string().contains("typo"));

@@ -77,15 +77,22 @@ pub trait RunExt: Run {
         let mut header = tar::Header::new_gnu();
         header.set_size(contents.len() as u64);
         header.set_mode(mode);
-        header.set_mtime(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0));
+        header.set_mtime(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        );
         header.set_entry_type(tar::EntryType::Regular);
         let mut builder = tar::Builder::new(Vec::new());
         builder
             .append_data(&mut header, name, contents)
-            .map_err(|e| Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e))?;
-        let tar = builder
-            .into_inner()
-            .map_err(|e| Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e))?;
+            .map_err(|e| {
+                Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e)
+            })?;
+        let tar = builder.into_inner().map_err(|e| {
+            Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e)
+        })?;
         self.put_archive(dir, tar.into()).await
     }
 
@@ -93,7 +100,11 @@ pub trait RunExt: Run {
     async fn get_file(&self, path: &str) -> Result<Vec<u8>> {
         let tar = self.get_archive(path).await?;
         let mut archive = tar::Archive::new(&tar[..]);
-        let bad = |e: std::io::Error| Error::new(ErrorKind::Backend, "unreadable tar archive").with("path", path).with_source(e);
+        let bad = |e: std::io::Error| {
+            Error::new(ErrorKind::Backend, "unreadable tar archive")
+                .with("path", path)
+                .with_source(e)
+        };
         let mut entries = archive.entries().map_err(bad)?;
         let mut entry = entries
             .next()
@@ -173,8 +184,14 @@ pub async fn reap(
     selector: &BTreeMap<String, String>,
 ) -> Result<Vec<(String, ReapReason)>> {
     let mut selector = selector.clone();
-    selector.insert(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string());
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    selector.insert(
+        labels::MANAGED_BY.to_string(),
+        labels::MANAGED_BY_VALUE.to_string(),
+    );
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let mut reaped = Vec::new();
     for run in driver.list(&selector).await? {
         let expired = run
@@ -226,7 +243,9 @@ impl RunGuard {
 
     /// Disarms the guard: the run lives on after it.
     pub fn into_inner(mut self) -> Box<dyn Run> {
-        self.run.take().expect("a guard always holds its run until consumed")
+        self.run
+            .take()
+            .expect("a guard always holds its run until consumed")
     }
 }
 
@@ -234,7 +253,9 @@ impl Deref for RunGuard {
     type Target = dyn Run;
 
     fn deref(&self) -> &(dyn Run + 'static) {
-        self.run.as_deref().expect("a guard always holds its run until consumed")
+        self.run
+            .as_deref()
+            .expect("a guard always holds its run until consumed")
     }
 }
 

@@ -250,7 +250,10 @@ impl RunSpec {
             }
         }
         validate_env("env", &self.env)?;
-        for (name, value) in [("proxy.http", &self.proxy.http), ("proxy.https", &self.proxy.https)] {
+        for (name, value) in [
+            ("proxy.http", &self.proxy.http),
+            ("proxy.https", &self.proxy.https),
+        ] {
             if let Some(v) = value {
                 validate_value(name, v)?;
             }
@@ -272,32 +275,42 @@ impl RunSpec {
         if let Some(dir) = &self.working_dir {
             validate_abs_path("working_dir", dir)?;
         }
-        if let Some(user) = &self.user {
-            if user.is_empty() || user.contains('\0') || user.chars().any(char::is_whitespace) {
-                return Err(Error::invalid_spec(
-                    "user",
-                    "must be a non-empty name or uid[:gid] without whitespace",
-                ));
-            }
+        if let Some(user) = &self.user
+            && (user.is_empty() || user.contains('\0') || user.chars().any(char::is_whitespace))
+        {
+            return Err(Error::invalid_spec(
+                "user",
+                "must be a non-empty name or uid[:gid] without whitespace",
+            ));
         }
         for (k, v) in &self.labels {
-            crate::labels::validate_key(k).map_err(|m| Error::invalid_spec(format!("labels[{k:?}]"), m))?;
+            crate::labels::validate_key(k)
+                .map_err(|m| Error::invalid_spec(format!("labels[{k:?}]"), m))?;
             crate::labels::validate_value(v)
                 .map_err(|m| Error::invalid_spec(format!("labels[{k:?}]"), m))?;
             if k.starts_with(crate::labels::PREFIX) {
                 return Err(Error::invalid_spec(
                     format!("labels[{k:?}]"),
-                    format!("the prefix {} is reserved for the library", crate::labels::PREFIX),
+                    format!(
+                        "the prefix {} is reserved for the library",
+                        crate::labels::PREFIX
+                    ),
                 ));
             }
         }
-        if let Some(cpus) = self.resources.cpus {
-            if !(cpus.is_finite() && cpus > 0.0) {
-                return Err(Error::invalid_spec("resources.cpus", "must be a positive number"));
-            }
+        if let Some(cpus) = self.resources.cpus
+            && !(cpus.is_finite() && cpus > 0.0)
+        {
+            return Err(Error::invalid_spec(
+                "resources.cpus",
+                "must be a positive number",
+            ));
         }
         if self.resources.memory_bytes == Some(0) {
-            return Err(Error::invalid_spec("resources.memory_bytes", "must be positive"));
+            return Err(Error::invalid_spec(
+                "resources.memory_bytes",
+                "must be positive",
+            ));
         }
         if self.resources.pids == Some(0) {
             return Err(Error::invalid_spec("resources.pids", "must be positive"));
@@ -405,10 +418,13 @@ impl ExecSpec {
         if let Some(dir) = &self.working_dir {
             validate_abs_path("working_dir", dir)?;
         }
-        if let Some(user) = &self.user {
-            if user.is_empty() || user.contains('\0') {
-                return Err(Error::invalid_spec("user", "must be non-empty, without NUL"));
-            }
+        if let Some(user) = &self.user
+            && (user.is_empty() || user.contains('\0'))
+        {
+            return Err(Error::invalid_spec(
+                "user",
+                "must be non-empty, without NUL",
+            ));
         }
         if self.timeout == Some(Duration::ZERO) {
             return Err(Error::invalid_spec("timeout", "must be positive"));
@@ -422,7 +438,10 @@ fn validate_argv(field: &str, argv: &[String]) -> Result<()> {
         return Err(Error::invalid_spec(field, "must name a program"));
     }
     if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
-        return Err(Error::invalid_spec(format!("{field}[{i}]"), "must not contain NUL"));
+        return Err(Error::invalid_spec(
+            format!("{field}[{i}]"),
+            "must not contain NUL",
+        ));
     }
     Ok(())
 }
@@ -430,7 +449,10 @@ fn validate_argv(field: &str, argv: &[String]) -> Result<()> {
 fn validate_env(field: &str, env: &[(String, String)]) -> Result<()> {
     for (i, (name, value)) in env.iter().enumerate() {
         if name.is_empty() {
-            return Err(Error::invalid_spec(format!("{field}[{i}].name"), "must not be empty"));
+            return Err(Error::invalid_spec(
+                format!("{field}[{i}].name"),
+                "must not be empty",
+            ));
         }
         if name.contains('=') || name.contains('\0') {
             return Err(Error::invalid_spec(
@@ -490,11 +512,20 @@ mod tests {
         let base = RunSpec::new("busybox");
         assert_eq!(field_of(&RunSpec::new("")), "image");
         assert_eq!(field_of(&base.clone().env("", "x")), "env[0].name");
-        assert_eq!(field_of(&base.clone().env("A", "1").env("B=C", "x")), "env[1].name");
+        assert_eq!(
+            field_of(&base.clone().env("A", "1").env("B=C", "x")),
+            "env[1].name"
+        );
         assert_eq!(field_of(&base.clone().env("A\0", "x")), "env[0].name");
         assert_eq!(field_of(&base.clone().env("A", "x\0y")), "env[0].value");
-        assert_eq!(field_of(&base.clone().post_create(Vec::<String>::new())), "post_create[0]");
-        assert_eq!(field_of(&base.clone().post_create(["sh", "a\0b"])), "post_create[0][1]");
+        assert_eq!(
+            field_of(&base.clone().post_create(Vec::<String>::new())),
+            "post_create[0]"
+        );
+        assert_eq!(
+            field_of(&base.clone().post_create(["sh", "a\0b"])),
+            "post_create[0][1]"
+        );
         let mut s = base.clone();
         s.working_dir = Some("relative".into());
         assert_eq!(field_of(&s), "working_dir");
@@ -504,9 +535,18 @@ mod tests {
         let mut s = base.clone();
         s.workspace.host_dir = Some("rel/dir".into());
         assert_eq!(field_of(&s), "workspace.host_dir");
-        assert_eq!(field_of(&base.clone().label("bad key", "v")), "labels[\"bad key\"]");
-        assert_eq!(field_of(&base.clone().label("a/b/c", "v")), "labels[\"a/b/c\"]");
-        assert_eq!(field_of(&base.clone().label("ok", "bad value!")), "labels[\"ok\"]");
+        assert_eq!(
+            field_of(&base.clone().label("bad key", "v")),
+            "labels[\"bad key\"]"
+        );
+        assert_eq!(
+            field_of(&base.clone().label("a/b/c", "v")),
+            "labels[\"a/b/c\"]"
+        );
+        assert_eq!(
+            field_of(&base.clone().label("ok", "bad value!")),
+            "labels[\"ok\"]"
+        );
         assert_eq!(
             field_of(&base.clone().label("sandbox.dev/run-id", "x")),
             "labels[\"sandbox.dev/run-id\"]"
@@ -521,7 +561,10 @@ mod tests {
 
     #[test]
     fn secret_values_are_not_echoed() {
-        let e = RunSpec::new("x").env("TOKEN", "s3cr3t\0").validate().unwrap_err();
+        let e = RunSpec::new("x")
+            .env("TOKEN", "s3cr3t\0")
+            .validate()
+            .unwrap_err();
         assert!(!e.to_string().contains("s3cr3t"), "{e}");
     }
 
@@ -531,7 +574,10 @@ mod tests {
         assert_eq!(e.field(), Some("argv"));
         let e = ExecSpec::new(["echo", "a\0"]).validate().unwrap_err();
         assert_eq!(e.field(), Some("argv[1]"));
-        let e = ExecSpec::new(["true"]).working_dir("tmp").validate().unwrap_err();
+        let e = ExecSpec::new(["true"])
+            .working_dir("tmp")
+            .validate()
+            .unwrap_err();
         assert_eq!(e.field(), Some("working_dir"));
         let e = ExecSpec::new(["true"]).env("=", "").validate().unwrap_err();
         assert_eq!(e.field(), Some("env[0].name"));

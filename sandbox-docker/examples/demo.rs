@@ -11,7 +11,9 @@ use sandbox_docker::{DockerConfig, DockerDriver};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let image = std::env::args().nth(1).unwrap_or_else(|| "sandbox-test/busybox:latest".into());
+    let image = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "sandbox-test/busybox:latest".into());
     let driver = DockerDriver::connect(DockerConfig::default()).await?;
     let host_dir = tempfile::tempdir()?;
     let demo_label = format!("demo-{}", std::process::id());
@@ -30,8 +32,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: [&[&str]; 5] = [
         &["pwd"],
         &["sh", "-c", "echo $GREETING"],
-        &["sh", "-c", "echo 'written by exec 3' > notes.txt; export LOCAL=gone"],
-        &["sh", "-c", "cat setup.txt notes.txt; echo LOCAL=${LOCAL:-unset}"],
+        &[
+            "sh",
+            "-c",
+            "echo 'written by exec 3' > notes.txt; export LOCAL=gone",
+        ],
+        &[
+            "sh",
+            "-c",
+            "cat setup.txt notes.txt; echo LOCAL=${LOCAL:-unset}",
+        ],
         &["sh", "-c", "echo to stderr >&2; exit 7"],
     ];
     for argv in steps {
@@ -54,12 +64,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     run.stop().await?;
     println!("run {id} stopped in {:?}", t.elapsed());
     let left = driver
-        .list(&BTreeMap::from([("sandbox.example/demo".to_string(), demo_label)]))
+        .list(&BTreeMap::from([(
+            "sandbox.example/demo".to_string(),
+            demo_label,
+        )]))
         .await?;
     println!("runs left with the demo's label: {}", left.len());
     let all_managed = driver
         .list(&BTreeMap::from([(labels::RUN_ID.to_string(), id)]))
         .await?;
-    assert!(left.is_empty() && all_managed.is_empty(), "the demo leaked a run");
+    assert!(
+        left.is_empty() && all_managed.is_empty(),
+        "the demo leaked a run"
+    );
     Ok(())
 }

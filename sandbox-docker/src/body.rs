@@ -27,7 +27,10 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
     }];
     let mut tmpfs = None;
     if spec.security.read_only_rootfs {
-        tmpfs = Some(HashMap::from([("/tmp".to_string(), "mode=1777".to_string())]));
+        tmpfs = Some(HashMap::from([(
+            "/tmp".to_string(),
+            "mode=1777".to_string(),
+        )]));
         if spec.ca_bundle.is_some() {
             // The CA files are uploaded before start; a volume takes them under a read-only root.
             mounts.push(Mount {
@@ -45,7 +48,12 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
         image: Some(spec.image.clone()),
         entrypoint: Some(KEEPALIVE[..1].iter().map(|s| s.to_string()).collect()),
         cmd: Some(KEEPALIVE[1..].iter().map(|s| s.to_string()).collect()),
-        env: Some(run_env(spec).into_iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        env: Some(
+            run_env(spec)
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+        ),
         working_dir: Some(spec.effective_working_dir().to_string()),
         user: spec.user.clone(),
         labels: Some(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
@@ -91,4 +99,83 @@ pub fn run_env(spec: &RunSpec) -> Vec<(String, String)> {
         }
     }
     merged
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sandbox_core::labels::{Owner, run_labels};
+    use sandbox_core::{Proxy, RunSpec};
+
+    use super::*;
+
+    fn labels(spec: &RunSpec) -> BTreeMap<String, String> {
+        let owner = Owner {
+            host: "host-1".into(),
+            pid: 4242,
+            start: 777,
+        };
+        let mut l = run_labels("sbx-000000000001", &owner, None, &spec.labels);
+        if spec.ttl.is_some() {
+            l.insert(sandbox_core::labels::EXPIRES_AT.into(), "1900000000".into());
+        }
+        l
+    }
+
+    #[test]
+    fn minimal_spec() {
+        let spec = RunSpec::new("busybox:1.36");
+        insta::assert_yaml_snapshot!(container_body(&spec, &labels(&spec)), {
+            ".Labels" => insta::sorted_redaction(),
+        });
+    }
+
+    #[test]
+    fn full_spec() {
+        let mut spec = RunSpec::new("registry.example/tools:2")
+            .workspace_dir("/srv/work/run-1")
+            .env("A", "1")
+            .env("HTTP_PROXY", "http://override:1")
+            .label("team", "agents")
+            .post_create(["make", "setup"]);
+        spec.workspace.path = "/src".into();
+        spec.working_dir = Some("/src/app".into());
+        spec.user = Some("1000:1000".into());
+        spec.proxy = Proxy {
+            http: Some("http://proxy:3128".into()),
+            https: Some("http://proxy:3129".into()),
+            no_proxy: vec!["internal".into()],
+        };
+        spec.ca_bundle = Some("(pem)".into());
+        spec.resources.memory_bytes = Some(512 << 20);
+        spec.resources.cpus = Some(1.5);
+        spec.resources.pids = Some(256);
+        spec.network = Network::None;
+        spec.security.cap_drop = vec!["ALL".into()];
+        spec.security.read_only_rootfs = true;
+        spec.ttl = Some(Duration::from_secs(3600));
+        insta::assert_yaml_snapshot!(container_body(&spec, &labels(&spec)), {
+            ".Labels" => insta::sorted_redaction(),
+            ".HostConfig.Tmpfs" => insta::sorted_redaction(),
+        });
+    }
+
+    #[test]
+    fn caller_env_wins_over_injected_and_is_deduplicated() {
+        let spec = RunSpec::new("x")
+            .env("SSL_CERT_FILE", "/mine.pem")
+            .env("A", "1")
+            .env("A", "2");
+        let mut with_ca = spec.clone();
+        with_ca.ca_bundle = Some("pem".into());
+        let env = run_env(&with_ca);
+        assert_eq!(env.iter().filter(|(k, _)| k == "SSL_CERT_FILE").count(), 1);
+        assert!(env.contains(&("SSL_CERT_FILE".into(), "/mine.pem".into())));
+        assert!(env.contains(&("A".into(), "2".into())));
+        assert!(env.contains(&(
+            "NODE_EXTRA_CA_CERTS".into(),
+            sandbox_core::ca::CA_FILE.into()
+        )));
+    }
 }

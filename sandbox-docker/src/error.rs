@@ -6,10 +6,9 @@ use sandbox_core::{Error, ErrorKind};
 /// Maps a bollard error; `op` says what was attempted.
 pub fn map(op: &'static str, e: BollardError) -> Error {
     let kind = match &e {
-        BollardError::DockerResponseServerError { status_code, .. } => match status_code {
-            404 => ErrorKind::NotFound,
-            _ => ErrorKind::Backend,
-        },
+        BollardError::DockerResponseServerError {
+            status_code: 404, ..
+        } => ErrorKind::NotFound,
         BollardError::RequestTimeoutError => ErrorKind::Timeout,
         BollardError::SocketNotFoundError(_)
         | BollardError::IOError { .. }

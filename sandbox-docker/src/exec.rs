@@ -79,7 +79,10 @@ pub async fn start(docker: &Docker, container: &str, spec: ExecSpec) -> Result<E
         .await
         .map_err(|e| exec_error(container, e))?;
     let StartExecResults::Attached { output, input } = started else {
-        return Err(Error::new(ErrorKind::Backend, "docker: exec started detached"));
+        return Err(Error::new(
+            ErrorKind::Backend,
+            "docker: exec started detached",
+        ));
     };
     let output = output
         .map(|item| match item {
@@ -97,7 +100,11 @@ pub async fn start(docker: &Docker, container: &str, spec: ExecSpec) -> Result<E
         container: container.to_string(),
         exec_id: created.id,
         marker: exec_id_marker,
-        spec: ExecSpec { stdin: Stdin::Null, timeout: None, ..spec.clone() },
+        spec: ExecSpec {
+            stdin: Stdin::Null,
+            timeout: None,
+            ..spec.clone()
+        },
     };
     Ok(ExecStream::spawn(
         &spec,
@@ -132,13 +139,21 @@ struct DockerExec {
 impl DockerExec {
     /// Runs a helper script in the run with this exec's user and environment.
     async fn helper(&self, script: &str, args: &[&str], in_root: bool) -> Result<ExitStatus> {
-        let mut argv: Vec<String> = ["sh", "-c", script, "sandbox-helper"].map(String::from).to_vec();
+        let mut argv: Vec<String> = ["sh", "-c", script, "sandbox-helper"]
+            .map(String::from)
+            .to_vec();
         argv.extend(args.iter().map(|a| a.to_string()));
-        let mut spec = ExecSpec { argv, ..self.spec.clone() };
+        let mut spec = ExecSpec {
+            argv,
+            ..self.spec.clone()
+        };
         if in_root {
             spec.working_dir = Some("/".into());
         }
-        Ok(Box::pin(start(&self.docker, &self.container, spec)).await?.wait().await)
+        Ok(Box::pin(start(&self.docker, &self.container, spec))
+            .await?
+            .wait()
+            .await)
     }
 
     /// Docker before 23 reports 126 both for "not executable" and "not found"; a shell
@@ -183,7 +198,10 @@ impl ExecControl for DockerExec {
         if status.success() {
             Ok(())
         } else {
-            Err(Error::new(ErrorKind::Backend, format!("the kill exec {status}")).with("run", &self.container))
+            Err(
+                Error::new(ErrorKind::Backend, format!("the kill exec {status}"))
+                    .with("run", &self.container),
+            )
         }
     }
 }

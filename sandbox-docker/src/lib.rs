@@ -27,13 +27,17 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use sandbox_core::labels::{self, Owner};
 use sandbox_core::{
-    Capabilities, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream, PullPolicy,
-    Result, Run, RunExt, RunInfo, RunSpec, ca,
+    Capabilities, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream, PullPolicy, Result,
+    Run, RunExt, RunInfo, RunSpec, ca,
 };
 
 pub use body::{KEEPALIVE, container_body, run_env};
 
-sandbox_core::register_driver!("docker", "Docker Engine API (bollard)", DockerDriver::from_config);
+sandbox_core::register_driver!(
+    "docker",
+    "Docker Engine API (bollard)",
+    DockerDriver::from_config
+);
 
 /// How the driver reaches the daemon.
 #[derive(Debug, Clone, Default)]
@@ -81,9 +85,13 @@ impl DockerDriver {
     /// The registry constructor: keys `host` and `timeout_secs`.
     pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
         let host = config.take("host");
-        let timeout = config.take_parsed::<u64>("timeout_secs")?.map(Duration::from_secs);
+        let timeout = config
+            .take_parsed::<u64>("timeout_secs")?
+            .map(Duration::from_secs);
         config.finish()?;
-        Ok(Arc::new(DockerDriver::connect(DockerConfig { host, timeout }).await?))
+        Ok(Arc::new(
+            DockerDriver::connect(DockerConfig { host, timeout }).await?,
+        ))
     }
 
     /// The bollard client, for what this crate does not cover.
@@ -118,9 +126,14 @@ impl DockerDriver {
                 .with("image", image))
             };
         }
-        let options = CreateImageOptionsBuilder::default().from_image(image).build();
-        let pulled: std::result::Result<Vec<_>, _> =
-            self.docker.create_image(Some(options), None, None).try_collect().await;
+        let options = CreateImageOptionsBuilder::default()
+            .from_image(image)
+            .build();
+        let pulled: std::result::Result<Vec<_>, _> = self
+            .docker
+            .create_image(Some(options), None, None)
+            .try_collect()
+            .await;
         match pulled {
             Ok(_) => Ok(()),
             Err(e) if present => {
@@ -139,7 +152,8 @@ impl DockerDriver {
     /// Everything after the container exists; on error the caller removes it.
     async fn set_up(&self, id: &str, spec: &RunSpec) -> Result<()> {
         if let Some(pem) = &spec.ca_bundle {
-            self.install_ca(id, spec, &ca::parse_certificates(pem)?).await?;
+            self.install_ca(id, spec, &ca::parse_certificates(pem)?)
+                .await?;
         }
         self.docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
@@ -147,9 +161,16 @@ impl DockerDriver {
             .map_err(|e| error::map("start container", e).with("run", id))?;
         let run = DockerRun::new(self.docker.clone(), id.to_string());
         for (i, argv) in spec.post_create.iter().enumerate() {
-            let out = run.exec(ExecSpec { argv: argv.clone(), ..Default::default() }).await?;
+            let out = run
+                .exec(ExecSpec {
+                    argv: argv.clone(),
+                    ..Default::default()
+                })
+                .await?;
             if !out.status.success() {
-                let tail = |b: &[u8]| String::from_utf8_lossy(&b[b.len().saturating_sub(4096)..]).into_owned();
+                let tail = |b: &[u8]| {
+                    String::from_utf8_lossy(&b[b.len().saturating_sub(4096)..]).into_owned()
+                };
                 return Err(Error::new(
                     ErrorKind::PostCreateFailed,
                     format!("post_create[{i}] ({}) {}", argv[0], out.status),
@@ -191,11 +212,13 @@ impl DockerDriver {
             header.set_entry_type(tar::EntryType::Regular);
             builder
                 .append_data(&mut header, path.trim_start_matches('/'), text.as_bytes())
-                .map_err(|e| Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e))?;
+                .map_err(|e| {
+                    Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e)
+                })?;
         }
-        let tar = builder
-            .into_inner()
-            .map_err(|e| Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e))?;
+        let tar = builder.into_inner().map_err(|e| {
+            Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e)
+        })?;
         put_archive(&self.docker, id, "/", tar.into()).await
     }
 
@@ -207,8 +230,14 @@ impl DockerDriver {
             Err(e) => return Err(e),
         };
         let mut archive = tar::Archive::new(&tar[..]);
-        let bad = |e: std::io::Error| Error::new(ErrorKind::Backend, "unreadable archive").with("path", path).with_source(e);
-        let Some(entry) = archive.entries().map_err(bad)?.next() else { return Ok(None) };
+        let bad = |e: std::io::Error| {
+            Error::new(ErrorKind::Backend, "unreadable archive")
+                .with("path", path)
+                .with_source(e)
+        };
+        let Some(entry) = archive.entries().map_err(bad)?.next() else {
+            return Ok(None);
+        };
         let mut entry = entry.map_err(bad)?;
         if entry.header().entry_type() != tar::EntryType::Regular {
             return Ok(None);
@@ -268,7 +297,10 @@ impl Driver for DockerDriver {
     async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
         let inspect = self
             .docker
-            .inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>)
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
             .await
             .map_err(|e| error::map("inspect container", e).with("run", id))?;
         let managed = inspect
@@ -276,16 +308,28 @@ impl Driver for DockerDriver {
             .and_then(|c| c.labels)
             .and_then(|l| l.get(labels::MANAGED_BY).cloned());
         if managed.as_deref() != Some(labels::MANAGED_BY_VALUE) {
-            return Err(Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id));
+            return Err(
+                Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id),
+            );
         }
         if inspect.state.and_then(|s| s.running) != Some(true) {
-            return Err(Error::new(ErrorKind::RunLost, "the run's container is not running").with("run", id));
+            return Err(
+                Error::new(ErrorKind::RunLost, "the run's container is not running")
+                    .with("run", id),
+            );
         }
-        Ok(Box::new(DockerRun::new(self.docker.clone(), id.to_string())))
+        Ok(Box::new(DockerRun::new(
+            self.docker.clone(),
+            id.to_string(),
+        )))
     }
 
     async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
-        let mut label_filters = vec![format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE)];
+        let mut label_filters = vec![format!(
+            "{}={}",
+            labels::MANAGED_BY,
+            labels::MANAGED_BY_VALUE
+        )];
         label_filters.extend(selector.iter().map(|(k, v)| format!("{k}={v}")));
         let options = ListContainersOptionsBuilder::default()
             .all(true)
@@ -318,7 +362,10 @@ impl Driver for DockerDriver {
 }
 
 async fn remove_container(docker: &Docker, id: &str) -> Result<()> {
-    let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+    let options = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
     match docker.remove_container(id, Some(options)).await {
         Ok(()) => Ok(()),
         Err(e) if error::status(&e) == Some(404) => Ok(()),
@@ -333,16 +380,26 @@ async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: Bytes) -> Result
     docker
         .upload_to_container(id, Some(options), bollard::body_full(tar))
         .await
-        .map_err(|e| error::map("upload archive", e).with("run", id).with("path", dir))
+        .map_err(|e| {
+            error::map("upload archive", e)
+                .with("run", id)
+                .with("path", dir)
+        })
 }
 
 async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<Bytes> {
-    let options = DownloadFromContainerOptionsBuilder::default().path(path).build();
+    let options = DownloadFromContainerOptionsBuilder::default()
+        .path(path)
+        .build();
     let chunks: Vec<Bytes> = docker
         .download_from_container(id, Some(options))
         .try_collect()
         .await
-        .map_err(|e| error::map("download archive", e).with("run", id).with("path", path))?;
+        .map_err(|e| {
+            error::map("download archive", e)
+                .with("run", id)
+                .with("path", path)
+        })?;
     Ok(chunks.concat().into())
 }
 

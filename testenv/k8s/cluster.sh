@@ -54,6 +54,16 @@ node_key() {
   echo "node-$(hash_files $files)"
 }
 
+# prune_bins PREFIX KEEP: drop binaries of other versions (running processes from
+# them are restarted by `start`, which compares binary paths).
+prune_bins() {
+  local d
+  for d in "$state/bin/$1"*; do
+    [[ -d $d && $d != "$2" ]] && rm -rf "$d"
+  done
+  return 0
+}
+
 build_binaries() {
   command -v "$GO" >/dev/null || die "go not found (set GO=...)"
   cp_bin=$state/bin/$(cp_key)
@@ -68,6 +78,7 @@ build_binaries() {
     fi
     touch "$cp_bin/.complete"
     log "control plane built in $((SECONDS - t0))s"
+    prune_bins controlplane- "$cp_bin"
   fi
   if [[ ! -f $node_bin/.complete ]]; then
     log "building sandbox-node into $node_bin"
@@ -81,6 +92,7 @@ build_binaries() {
     fi
     touch "$node_bin/.complete"
     log "sandbox-node built in $((SECONDS - t0))s"
+    prune_bins node- "$node_bin"
   fi
 }
 
@@ -163,7 +175,11 @@ start() {
   local name=$1 bin=$2
   shift 2
   if running "$name"; then
-    return
+    local current
+    current=$(tr '\0' '\n' <"/proc/$(pid_of "$name")/cmdline" | head -n 1)
+    [[ $current == "$bin" ]] && return
+    log "restarting $name: binary changed ($current -> $bin)"
+    stop_component "$name"
   fi
   [[ -x $bin ]] || die "missing binary $bin"
   setsid nohup "$bin" "$@" >"$logs/$name.log" 2>&1 </dev/null &

@@ -23,7 +23,9 @@ pub fn ensure_docker() -> Result<()> {
     if Command::new("docker").arg("--version").output().is_err() {
         bail!("the docker CLI is missing: install Debian's docker.io (apt-get install docker.io)");
     }
-    let dockerd = ["/usr/sbin/dockerd", "/usr/bin/dockerd"].into_iter().find(|p| std::path::Path::new(p).exists());
+    let dockerd = ["/usr/sbin/dockerd", "/usr/bin/dockerd"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
     let Some(dockerd) = dockerd else {
         bail!("no Docker engine answers and dockerd is not installed: apt-get install docker.io");
     };
@@ -46,7 +48,9 @@ pub fn ensure_docker() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    bail!("started dockerd but it did not answer within 60 s; see /var/log/sandbox-dockerd.log (are you root?)")
+    bail!(
+        "started dockerd but it did not answer within 60 s; see /var/log/sandbox-dockerd.log (are you root?)"
+    )
 }
 
 /// Fails if any container made by the library is left on the engine.
@@ -57,7 +61,11 @@ pub fn assert_no_leftovers() -> Result<()> {
     let ids = String::from_utf8_lossy(&out.stdout);
     let ids: Vec<&str> = ids.split_whitespace().collect();
     if !ids.is_empty() {
-        bail!("the tests left {} container(s) behind: {}", ids.len(), ids.join(" "));
+        bail!(
+            "the tests left {} container(s) behind: {}",
+            ids.len(),
+            ids.join(" ")
+        );
     }
     eprintln!("no container labelled sandbox.dev/managed-by is left on the engine");
     Ok(())

@@ -15,7 +15,9 @@ const ENTRYPOINT: &str = r#"ENTRYPOINT ["/bin/sh", "-c", "touch /entrypoint-ran;
 /// Builds the test images (cheap to repeat: a rebuild only retags).
 pub fn build() -> Result<()> {
     if !Path::new(BUSYBOX_BIN).exists() {
-        bail!("{BUSYBOX_BIN} is missing: install Debian's busybox-static (apt-get install busybox-static)");
+        bail!(
+            "{BUSYBOX_BIN} is missing: install Debian's busybox-static (apt-get install busybox-static)"
+        );
     }
     let rootfs = busybox_rootfs().context("building the busybox root filesystem")?;
     let hash = {
@@ -25,7 +27,13 @@ pub fn build() -> Result<()> {
         format!("{:016x}", h.finish())
     };
     let current = Command::new("docker")
-        .args(["image", "inspect", "--format", "{{index .Config.Labels \"sandbox.test/content\"}}", BUSYBOX])
+        .args([
+            "image",
+            "inspect",
+            "--format",
+            "{{index .Config.Labels \"sandbox.test/content\"}}",
+            BUSYBOX,
+        ])
         .output()?;
     if String::from_utf8_lossy(&current.stdout).trim() == hash {
         eprintln!("{BUSYBOX} is up to date");
@@ -33,12 +41,19 @@ pub fn build() -> Result<()> {
     }
     let label = format!("LABEL sandbox.test/content={hash}");
     let mut child = Command::new("docker")
-        .args(["import", "--change", ENTRYPOINT, "--change", "CMD []", "--change", &label, "-", BUSYBOX])
+        .args([
+            "import", "--change", ENTRYPOINT, "--change", "CMD []", "--change", &label, "-",
+            BUSYBOX,
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .context("running docker import")?;
-    child.stdin.take().expect("piped stdin").write_all(&rootfs)?;
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(&rootfs)?;
     let status = child.wait()?;
     if !status.success() {
         bail!("docker import of {BUSYBOX} failed: {status}");
@@ -52,7 +67,20 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
     let applets = Command::new(BUSYBOX_BIN).arg("--list").output()?;
     let applets = String::from_utf8(applets.stdout)?;
     let mut tar = tar::Builder::new(Vec::new());
-    for dir in ["bin", "etc", "etc/ssl", "etc/ssl/certs", "root", "proc", "sys", "dev", "usr", "usr/local", "usr/local/share", "usr/local/share/ca-certificates"] {
+    for dir in [
+        "bin",
+        "etc",
+        "etc/ssl",
+        "etc/ssl/certs",
+        "root",
+        "proc",
+        "sys",
+        "dev",
+        "usr",
+        "usr/local",
+        "usr/local/share",
+        "usr/local/share/ca-certificates",
+    ] {
         append_dir(&mut tar, dir, 0o755, 0)?;
     }
     append_dir(&mut tar, "tmp", 0o1777, 0)?;
@@ -67,7 +95,12 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
         tar.append_link(&mut header, format!("bin/{applet}"), "busybox")?;
     }
     append_file(&mut tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n", 0o644)?;
-    append_file(&mut tar, "etc/group", b"root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n", 0o644)?;
+    append_file(
+        &mut tar,
+        "etc/group",
+        b"root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n",
+        0o644,
+    )?;
     // A system trust store (the host's roots), so the suite can check the full CA bundle.
     let roots = std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
     append_file(&mut tar, "etc/ssl/certs/ca-certificates.crt", &roots, 0o644)?;

@@ -28,6 +28,9 @@ enum Task {
         /// The registered driver name.
         #[arg(long, default_value = "docker")]
         driver: String,
+        /// The package whose `conformance` test binary links the driver.
+        #[arg(long, default_value = "sandbox-conformance")]
+        package: String,
         /// Extra arguments for the test binary (a filter, --list, ...).
         #[arg(last = true)]
         args: Vec<String>,
@@ -41,31 +44,61 @@ fn main() -> Result<()> {
         Task::Demo => {
             engine::ensure_docker()?;
             images::build()?;
-            cargo(&["run", "--quiet", "-p", "sandbox-docker", "--example", "demo"], &[])
+            cargo(
+                &[
+                    "run",
+                    "--quiet",
+                    "-p",
+                    "sandbox-docker",
+                    "--example",
+                    "demo",
+                ],
+                &[],
+            )
         }
         Task::TestImages => {
             engine::ensure_docker()?;
             images::build()
         }
-        Task::Conformance { driver, args } => {
+        Task::Conformance { driver, package, args } => {
             engine::ensure_docker()?;
             images::build()?;
-            conformance(&driver, &args)
+            conformance(&driver, &package, &args)
         }
         Task::Test => {
             engine::ensure_docker()?;
             images::build()?;
             cargo(&["fmt", "--all", "--", "--check"], &[])?;
-            cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"], &[])?;
+            cargo(
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--quiet",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                &[],
+            )?;
             cargo(&["test", "--workspace", "--quiet"], &[])?;
-            conformance("docker", &[])?;
+            conformance("docker", "sandbox-conformance", &[])?;
+            // The example third-party driver, from its own crate.
+            conformance("audit", "sandbox-driver-audit", &[])?;
             engine::assert_no_leftovers()
         }
     }
 }
 
 fn conformance(driver: &str, args: &[String]) -> Result<()> {
-    let mut argv = vec!["test", "-p", "sandbox-conformance", "--test", "conformance", "--"];
+    let mut argv = vec![
+        "test",
+        "-p",
+        "sandbox-conformance",
+        "--test",
+        "conformance",
+        "--",
+    ];
     argv.extend(args.iter().map(String::as_str));
     cargo(&argv, &[("SANDBOX_TEST", driver)])
 }

@@ -7,13 +7,24 @@ use crate::{Context, TEST_CA, sh_stdout};
 
 /// The run's env reaches every exec; an exec's own env wins.
 pub async fn env_is_injected_and_exec_env_wins(cx: &Context) -> anyhow::Result<()> {
-    let spec = cx.spec().env("RUN_VAR", "run value with spaces").env("SHARED", "from-run");
+    let spec = cx
+        .spec()
+        .env("RUN_VAR", "run value with spaces")
+        .env("SHARED", "from-run");
     let run = cx.driver.start(&spec).await?;
     ensure!(sh_stdout(&*run, "echo \"$RUN_VAR\"").await? == "run value with spaces");
     let out = run
-        .exec(ExecSpec::new(["sh", "-c", "echo $SHARED $EXEC_ONLY"]).env("SHARED", "from-exec").env("EXEC_ONLY", "x"))
+        .exec(
+            ExecSpec::new(["sh", "-c", "echo $SHARED $EXEC_ONLY"])
+                .env("SHARED", "from-exec")
+                .env("EXEC_ONLY", "x"),
+        )
         .await?;
-    ensure!(out.stdout_str() == "from-exec x\n", "got {:?}", out.stdout_str());
+    ensure!(
+        out.stdout_str() == "from-exec x\n",
+        "got {:?}",
+        out.stdout_str()
+    );
     ensure!(sh_stdout(&*run, "echo $SHARED ${EXEC_ONLY:-unset}").await? == "from-run unset");
     run.stop().await?;
     Ok(())
@@ -28,9 +39,17 @@ pub async fn proxy_is_set_in_both_cases(cx: &Context) -> anyhow::Result<()> {
         no_proxy: vec!["internal.example".into()],
     };
     let run = cx.driver.start(&spec).await?;
-    let got = sh_stdout(&*run, "echo $HTTP_PROXY $http_proxy $HTTPS_PROXY $https_proxy; echo $NO_PROXY; echo $no_proxy").await?;
+    let got = sh_stdout(
+        &*run,
+        "echo $HTTP_PROXY $http_proxy $HTTPS_PROXY $https_proxy; echo $NO_PROXY; echo $no_proxy",
+    )
+    .await?;
     let lines: Vec<&str> = got.lines().collect();
-    ensure!(lines[0] == "http://proxy.invalid:3128 http://proxy.invalid:3128 http://proxy.invalid:3129 http://proxy.invalid:3129", "{got}");
+    ensure!(
+        lines[0]
+            == "http://proxy.invalid:3128 http://proxy.invalid:3128 http://proxy.invalid:3129 http://proxy.invalid:3129",
+        "{got}"
+    );
     for line in &lines[1..] {
         let hosts: Vec<&str> = line.split(',').collect();
         for h in ["internal.example", "localhost", "127.0.0.1", "::1"] {
@@ -45,29 +64,67 @@ pub async fn proxy_is_set_in_both_cases(cx: &Context) -> anyhow::Result<()> {
 /// at a full bundle (system roots too), `NODE_EXTRA_CA_CERTS` at the CA alone; all before
 /// post-create runs.
 pub async fn ca_variables_point_at_the_injected_cert(cx: &Context) -> anyhow::Result<()> {
-    let mut spec = cx
-        .spec()
-        .post_create(["sh", "-c", "cat \"$SSL_CERT_FILE\" > /workspace/seen-by-post-create.pem"]);
+    let mut spec = cx.spec().post_create([
+        "sh",
+        "-c",
+        "cat \"$SSL_CERT_FILE\" > /workspace/seen-by-post-create.pem",
+    ]);
     spec.ca_bundle = Some(TEST_CA.to_string());
     let run = cx.driver.start(&spec).await?;
-    let body: String = TEST_CA.lines().filter(|l| !l.starts_with("-----")).collect::<Vec<_>>().join("\n");
+    let body: String = TEST_CA
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let marker = body.lines().nth(3).unwrap_or_default().to_string();
-    for var in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS"] {
+    for var in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "NODE_EXTRA_CA_CERTS",
+    ] {
         let path = sh_stdout(&*run, &format!("echo ${var}")).await?;
-        ensure!(path.starts_with('/'), "{var} is not set to a path: {path:?}");
+        ensure!(
+            path.starts_with('/'),
+            "{var} is not set to a path: {path:?}"
+        );
         let text = sh_stdout(&*run, &format!("cat \"${var}\"")).await?;
-        ensure!(text.contains(&marker), "{var}={path} does not hold the injected certificate");
+        ensure!(
+            text.contains(&marker),
+            "{var}={path} does not hold the injected certificate"
+        );
         let certs = text.matches("BEGIN CERTIFICATE").count();
         if var == "NODE_EXTRA_CA_CERTS" {
-            ensure!(certs == 1, "{var} should hold the CA alone, holds {certs} certificates");
-        } else if sh_stdout(&*run, "test -s /etc/ssl/certs/ca-certificates.crt && echo yes || echo no").await? == "yes" {
-            ensure!(certs > 1, "{var} should be a full bundle (system roots + CA), holds {certs}");
+            ensure!(
+                certs == 1,
+                "{var} should hold the CA alone, holds {certs} certificates"
+            );
+        } else if sh_stdout(
+            &*run,
+            "test -s /etc/ssl/certs/ca-certificates.crt && echo yes || echo no",
+        )
+        .await?
+            == "yes"
+        {
+            ensure!(
+                certs > 1,
+                "{var} should be a full bundle (system roots + CA), holds {certs}"
+            );
         }
     }
-    ensure!(sh_stdout(&*run, "cat seen-by-post-create.pem").await?.contains(&marker), "post-create ran before the CA was installed");
+    ensure!(
+        sh_stdout(&*run, "cat seen-by-post-create.pem")
+            .await?
+            .contains(&marker),
+        "post-create ran before the CA was installed"
+    );
     if cx.caps.system_trust_store {
         let store = sh_stdout(&*run, "cat /etc/ssl/certs/ca-certificates.crt").await?;
-        ensure!(store.contains(&marker), "the system trust store lacks the injected CA");
+        ensure!(
+            store.contains(&marker),
+            "the system trust store lacks the injected CA"
+        );
     }
     run.stop().await?;
     Ok(())

@@ -9,7 +9,11 @@ use crate::{Context, sh_stdout};
 /// 0, 1, 126, 127 and a signal death are reported distinctly.
 pub async fn exit_codes_are_distinct(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
-    sh_stdout(&*run, "printf 'echo no' > /tmp/not-executable; chmod 644 /tmp/not-executable").await?;
+    sh_stdout(
+        &*run,
+        "printf 'echo no' > /tmp/not-executable; chmod 644 /tmp/not-executable",
+    )
+    .await?;
     let cases: [(&[&str], ExitStatus); 6] = [
         (&["true"], ExitStatus::Exited(0)),
         (&["false"], ExitStatus::Exited(1)),
@@ -20,7 +24,12 @@ pub async fn exit_codes_are_distinct(cx: &Context) -> anyhow::Result<()> {
     ];
     for (argv, want) in cases {
         let out = run.exec(ExecSpec::new(argv.iter().copied())).await?;
-        ensure!(out.status == want, "{argv:?}: expected {want}, got {} (stderr {:?})", out.status, out.stderr_str());
+        ensure!(
+            out.status == want,
+            "{argv:?}: expected {want}, got {} (stderr {:?})",
+            out.status,
+            out.stderr_str()
+        );
     }
     run.stop().await?;
     Ok(())
@@ -31,13 +40,32 @@ pub async fn stdout_and_stderr_are_apart_and_binary_safe(cx: &Context) -> anyhow
     let run = cx.driver.start(&cx.spec()).await?;
     let mut a: Vec<u8> = (0..70_000).map(|_| rand::random::<u8>()).collect();
     a.extend_from_slice(b"\0\0end-without-newline");
-    let b: Vec<u8> = (0..5_000).map(|_| rand::random::<u8>()).chain([0u8, 0, 7]).collect();
+    let b: Vec<u8> = (0..5_000)
+        .map(|_| rand::random::<u8>())
+        .chain([0u8, 0, 7])
+        .collect();
     run.put_file("/tmp/a.bin", &a, 0o644).await?;
     run.put_file("/tmp/b.bin", &b, 0o644).await?;
-    let out = run.exec(ExecSpec::new(["sh", "-c", "cat /tmp/a.bin; cat /tmp/b.bin >&2"])).await?;
+    let out = run
+        .exec(ExecSpec::new([
+            "sh",
+            "-c",
+            "cat /tmp/a.bin; cat /tmp/b.bin >&2",
+        ]))
+        .await?;
     ensure!(out.status.success(), "{}", out.status);
-    ensure!(out.stdout == a, "stdout differs: {} bytes, want {}", out.stdout.len(), a.len());
-    ensure!(out.stderr == b, "stderr differs: {} bytes, want {}", out.stderr.len(), b.len());
+    ensure!(
+        out.stdout == a,
+        "stdout differs: {} bytes, want {}",
+        out.stdout.len(),
+        a.len()
+    );
+    ensure!(
+        out.stderr == b,
+        "stderr differs: {} bytes, want {}",
+        out.stderr.len(),
+        b.len()
+    );
     run.stop().await?;
     Ok(())
 }
@@ -47,10 +75,19 @@ pub async fn stdout_and_stderr_are_apart_and_binary_safe(cx: &Context) -> anyhow
 pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-    let out = run.exec(ExecSpec::new(["cat"]).stdin_bytes(data.clone())).await?;
-    ensure!(out.status.success() && out.stdout == data, "bytes stdin: {} bytes back, {}", out.stdout.len(), out.status);
+    let out = run
+        .exec(ExecSpec::new(["cat"]).stdin_bytes(data.clone()))
+        .await?;
+    ensure!(
+        out.status.success() && out.stdout == data,
+        "bytes stdin: {} bytes back, {}",
+        out.stdout.len(),
+        out.status
+    );
 
-    let mut stream = run.exec_stream(ExecSpec::new(["sh", "-c", "cat; echo EOF-SEEN >&2"]).stdin_piped()).await?;
+    let mut stream = run
+        .exec_stream(ExecSpec::new(["sh", "-c", "cat; echo EOF-SEEN >&2"]).stdin_piped())
+        .await?;
     let mut stdin = stream.take_stdin().expect("a piped stdin");
     for piece in ["first ", "second ", "third"] {
         stdin.write(Bytes::from(piece)).await?;
@@ -65,11 +102,23 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
     }
     let status = stream.wait().await;
     ensure!(status.success(), "{status}");
-    ensure!(stdout == b"first second third", "{:?}", String::from_utf8_lossy(&stdout));
-    ensure!(stderr == b"EOF-SEEN\n", "{:?}", String::from_utf8_lossy(&stderr));
+    ensure!(
+        stdout == b"first second third",
+        "{:?}",
+        String::from_utf8_lossy(&stdout)
+    );
+    ensure!(
+        stderr == b"EOF-SEEN\n",
+        "{:?}",
+        String::from_utf8_lossy(&stderr)
+    );
 
     let out = run.exec(ExecSpec::new(["wc", "-c"])).await?;
-    ensure!(out.stdout_str().trim() == "0", "no stdin should read as empty: {:?}", out.stdout_str());
+    ensure!(
+        out.stdout_str().trim() == "0",
+        "no stdin should read as empty: {:?}",
+        out.stdout_str()
+    );
     run.stop().await?;
     Ok(())
 }

@@ -11,16 +11,42 @@ use crate::{Context, sh_stdout};
 pub async fn invalid_specs_are_rejected_before_anything_exists(cx: &Context) -> anyhow::Result<()> {
     let base = cx.spec();
     let mut cases = vec![
-        ("image", { let mut s = base.clone(); s.image = String::new(); s }),
+        ("image", {
+            let mut s = base.clone();
+            s.image = String::new();
+            s
+        }),
         ("env[0].name", base.clone().env("A=B", "x")),
         ("env[0].name", base.clone().env("", "x")),
         ("env[0].value", base.clone().env("A", "nul\0")),
-        ("post_create[0]", base.clone().post_create(Vec::<String>::new())),
-        ("post_create[0][1]", base.clone().post_create(["echo", "a\0b"])),
-        ("working_dir", { let mut s = base.clone(); s.working_dir = Some("relative/dir".into()); s }),
-        ("workspace.path", { let mut s = base.clone(); s.workspace.path = "workspace".into(); s }),
-        ("labels[\"not a key\"]", base.clone().label("not a key", "v")),
-        ("ca_bundle", { let mut s = base.clone(); s.ca_bundle = Some("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".into()); s }),
+        (
+            "post_create[0]",
+            base.clone().post_create(Vec::<String>::new()),
+        ),
+        (
+            "post_create[0][1]",
+            base.clone().post_create(["echo", "a\0b"]),
+        ),
+        ("working_dir", {
+            let mut s = base.clone();
+            s.working_dir = Some("relative/dir".into());
+            s
+        }),
+        ("workspace.path", {
+            let mut s = base.clone();
+            s.workspace.path = "workspace".into();
+            s
+        }),
+        (
+            "labels[\"not a key\"]",
+            base.clone().label("not a key", "v"),
+        ),
+        ("ca_bundle", {
+            let mut s = base.clone();
+            s.ca_bundle =
+                Some("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".into());
+            s
+        }),
     ];
     if !cx.caps.user_names {
         let mut s = base.clone();
@@ -34,9 +60,17 @@ pub async fn invalid_specs_are_rejected_before_anything_exists(cx: &Context) -> 
                 bail!("a spec with a bad {field} was accepted");
             }
             Err(e) => {
-                let want = if field == "user" { ErrorKind::Unsupported } else { ErrorKind::InvalidSpec };
+                let want = if field == "user" {
+                    ErrorKind::Unsupported
+                } else {
+                    ErrorKind::InvalidSpec
+                };
                 ensure!(e.kind() == want, "bad {field}: expected {want}, got {e}");
-                ensure!(e.field() == Some(field), "bad {field}: the error names {:?}: {e}", e.field());
+                ensure!(
+                    e.field() == Some(field),
+                    "bad {field}: the error names {:?}: {e}",
+                    e.field()
+                );
             }
         }
     }
@@ -51,7 +85,10 @@ pub async fn invalid_specs_are_rejected_before_anything_exists(cx: &Context) -> 
             Ok(out) => bail!("an exec with a bad {field} ran: {}", out.status),
             Err(e) => e,
         };
-        ensure!(e.kind() == ErrorKind::InvalidSpec && e.field() == Some(field), "bad exec {field}: {e}");
+        ensure!(
+            e.kind() == ErrorKind::InvalidSpec && e.field() == Some(field),
+            "bad exec {field}: {e}"
+        );
     }
     run.stop().await?;
     Ok(())
@@ -63,9 +100,19 @@ pub async fn entrypoint_never_runs(cx: &Context) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mark = sh_stdout(&*run, "test -e /entrypoint-ran && echo ran || echo clean").await?;
     ensure!(mark == "clean", "the image's entrypoint ran");
-    let procs = sh_stdout(&*run, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done").await?;
-    ensure!(procs.contains("sleep infinity"), "no `sleep infinity` keeps the run alive: {procs}");
-    ensure!(!procs.contains("entrypoint-ran"), "the entrypoint is running: {procs}");
+    let procs = sh_stdout(
+        &*run,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+    )
+    .await?;
+    ensure!(
+        procs.contains("sleep infinity"),
+        "no `sleep infinity` keeps the run alive: {procs}"
+    );
+    ensure!(
+        !procs.contains("entrypoint-ran"),
+        "the entrypoint is running: {procs}"
+    );
     run.stop().await?;
     Ok(())
 }
@@ -73,14 +120,20 @@ pub async fn entrypoint_never_runs(cx: &Context) -> anyhow::Result<()> {
 /// Stop twice is fine, leaves nothing, and later execs fail as run-lost.
 pub async fn stop_is_idempotent_and_leaves_nothing(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.create(&cx.spec()).await?;
-    ensure!(!cx.driver.list(&cx.case_selector()).await?.is_empty(), "list does not show the live run");
+    ensure!(
+        !cx.driver.list(&cx.case_selector()).await?.is_empty(),
+        "list does not show the live run"
+    );
     run.stop().await?;
     run.stop().await?;
     cx.driver.remove(run.id()).await?;
     cx.assert_case_clean().await?;
     match run.exec(ExecSpec::new(["true"])).await {
         Ok(out) => bail!("exec after stop returned {}", out.status),
-        Err(e) => ensure!(e.kind() == ErrorKind::RunLost, "exec after stop: expected run lost, got {e}"),
+        Err(e) => ensure!(
+            e.kind() == ErrorKind::RunLost,
+            "exec after stop: expected run lost, got {e}"
+        ),
     }
     Ok(())
 }
@@ -98,9 +151,14 @@ pub async fn guard_cleans_up_on_panic(cx: &Context) -> anyhow::Result<()> {
     let spec = cx.spec();
     let task = tokio::spawn(async move {
         let _guard = driver.start(&spec).await.expect("start");
-        panic!("deliberate panic of the conformance suite: the guard must clean up while unwinding");
+        panic!(
+            "deliberate panic of the conformance suite: the guard must clean up while unwinding"
+        );
     });
-    ensure!(task.await.is_err_and(|e| e.is_panic()), "the task did not panic");
+    ensure!(
+        task.await.is_err_and(|e| e.is_panic()),
+        "the task did not panic"
+    );
     cx.assert_case_clean().await
 }
 
@@ -113,7 +171,10 @@ pub async fn attach_sees_the_same_run(cx: &Context) -> anyhow::Result<()> {
     ensure!(sh_stdout(&*again, "cat marker").await? == "attached");
     match cx.driver.attach("sbx-doesnotexist").await {
         Ok(_) => bail!("attached to a run that does not exist"),
-        Err(e) => ensure!(e.kind() == ErrorKind::NotFound, "attach to a missing run: {e}"),
+        Err(e) => ensure!(
+            e.kind() == ErrorKind::NotFound,
+            "attach to a missing run: {e}"
+        ),
     }
     run.stop().await?;
     Ok(())

@@ -23,7 +23,11 @@ macro_rules! case {
         case!($f, |_| true)
     };
     ($f:ident, $applies:expr) => {
-        Case { name: stringify!($f), applies: $applies, run: |cx: &Context| Box::pin($f(cx)) }
+        Case {
+            name: stringify!($f),
+            applies: $applies,
+            run: |cx: &Context| Box::pin($f(cx)),
+        }
     };
 }
 
@@ -36,7 +40,8 @@ pub static CASES: &[Case] = &[
     case!(invalid_specs_are_rejected_before_anything_exists),
     case!(entrypoint_never_runs),
     case!(workspace_persists_across_execs),
-    case!(workspace_host_dir_is_shared, |c| c.workspace_mount || c.workspace_seed),
+    case!(workspace_host_dir_is_shared, |c| c.workspace_mount
+        || c.workspace_seed),
     case!(working_dir_is_the_same_on_every_exec),
     case!(env_is_injected_and_exec_env_wins),
     case!(proxy_is_set_in_both_cases),

@@ -3,13 +3,19 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use sandbox_core::{DriverExt, ErrorKind, ExecSpec, ExitStatus, OutputChunk, ReapReason, Run, RunExt};
+use sandbox_core::{
+    DriverExt, ErrorKind, ExecSpec, ExitStatus, OutputChunk, ReapReason, Run, RunExt,
+};
 
 use crate::{Context, sh_stdout};
 
 /// The command lines of the processes alive in the run (zombies have none).
 async fn process_lines(run: &dyn Run) -> anyhow::Result<String> {
-    sh_stdout(run, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done").await
+    sh_stdout(
+        run,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
+    )
+    .await
 }
 
 /// Waits until no process's command line contains `needle`.
@@ -33,9 +39,19 @@ pub async fn timeout_kills_the_process_tree(cx: &Context) -> anyhow::Result<()> 
     let run = cx.driver.start(&cx.spec()).await?;
     let script = "sleep 1201 & setsid sleep 1202 & trap '' TERM; sleep 1203; wait";
     let started = Instant::now();
-    let out = run.exec(ExecSpec::new(["sh", "-c", script]).timeout(Duration::from_secs(1))).await?;
-    ensure!(out.status == ExitStatus::TimedOut, "expected timed out, got {}", out.status);
-    ensure!(started.elapsed() < Duration::from_secs(15), "the timeout took {:?}", started.elapsed());
+    let out = run
+        .exec(ExecSpec::new(["sh", "-c", script]).timeout(Duration::from_secs(1)))
+        .await?;
+    ensure!(
+        out.status == ExitStatus::TimedOut,
+        "expected timed out, got {}",
+        out.status
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(15),
+        "the timeout took {:?}",
+        started.elapsed()
+    );
     wait_gone(&*run, "sleep 120", Duration::from_secs(3)).await?;
     ensure!(sh_stdout(&*run, "echo still-usable").await? == "still-usable");
     run.stop().await?;
@@ -45,15 +61,28 @@ pub async fn timeout_kills_the_process_tree(cx: &Context) -> anyhow::Result<()> 
 /// Dropping a running exec kills its processes.
 pub async fn cancellation_kills_the_process_tree(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
-    let mut stream = run.exec_stream(ExecSpec::new(["sh", "-c", "sleep 2301 & echo started; sleep 2302"])).await?;
-    ensure!(matches!(stream.next_chunk().await, Some(OutputChunk::Stdout(_))), "no output before cancel");
+    let mut stream = run
+        .exec_stream(ExecSpec::new([
+            "sh",
+            "-c",
+            "sleep 2301 & echo started; sleep 2302",
+        ]))
+        .await?;
+    ensure!(
+        matches!(stream.next_chunk().await, Some(OutputChunk::Stdout(_))),
+        "no output before cancel"
+    );
     ensure!(process_lines(&*run).await?.contains("sleep 2302"));
     drop(stream);
     wait_gone(&*run, "sleep 230", Duration::from_secs(10)).await?;
 
     // Cancelling the future of a buffered exec does the same.
     let exec = run.exec(ExecSpec::new(["sh", "-c", "sleep 2401 & sleep 2402"]));
-    ensure!(tokio::time::timeout(Duration::from_millis(700), exec).await.is_err());
+    ensure!(
+        tokio::time::timeout(Duration::from_millis(700), exec)
+            .await
+            .is_err()
+    );
     wait_gone(&*run, "sleep 240", Duration::from_secs(10)).await?;
     run.stop().await?;
     Ok(())
@@ -68,11 +97,18 @@ pub async fn background_stdout_holder_returns(cx: &Context) -> anyhow::Result<()
     let run = cx.driver.start(&cx.spec()).await?;
     let started = Instant::now();
     let out = run
-        .exec(ExecSpec::new(["sh", "-c", "sleep 3001 & echo parent-done; exit 4"]).timeout(Duration::from_secs(30)))
+        .exec(
+            ExecSpec::new(["sh", "-c", "sleep 3001 & echo parent-done; exit 4"])
+                .timeout(Duration::from_secs(30)),
+        )
         .await?;
     let took = started.elapsed();
     ensure!(out.status == ExitStatus::Exited(4), "got {}", out.status);
-    ensure!(out.stdout_str().starts_with("parent-done"), "{:?}", out.stdout_str());
+    ensure!(
+        out.stdout_str().starts_with("parent-done"),
+        "{:?}",
+        out.stdout_str()
+    );
     ensure!(took < BACKGROUND_HOLDER_BOUND, "returned after {took:?}");
     run.stop().await?;
     Ok(())
@@ -82,10 +118,17 @@ pub async fn background_stdout_holder_returns(cx: &Context) -> anyhow::Result<()
 pub async fn buffered_output_is_capped(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
     let out = run
-        .exec(ExecSpec::new(["sh", "-c", "head -c 3000000 /dev/zero; printf abc >&2"]).output_limit(1000))
+        .exec(
+            ExecSpec::new(["sh", "-c", "head -c 3000000 /dev/zero; printf abc >&2"])
+                .output_limit(1000),
+        )
         .await?;
     ensure!(out.status.success(), "{}", out.status);
-    ensure!(out.stdout.len() == 1000 && out.stdout.iter().all(|b| *b == 0), "stdout {} bytes", out.stdout.len());
+    ensure!(
+        out.stdout.len() == 1000 && out.stdout.iter().all(|b| *b == 0),
+        "stdout {} bytes",
+        out.stdout.len()
+    );
     ensure!(out.stdout_total == 3_000_000 && out.stdout_truncated());
     ensure!(out.stderr == b"abc" && !out.stderr_truncated());
     run.stop().await?;
@@ -103,7 +146,14 @@ pub async fn large_output_streams_in_bounded_memory(cx: &Context) -> anyhow::Res
     const TOTAL: u64 = 64 << 20;
     let run = cx.driver.start(&cx.spec()).await?;
     let before = rss_bytes();
-    let mut stream = run.exec_stream(ExecSpec::new(["head", "-c", &TOTAL.to_string(), "/dev/zero"])).await?;
+    let mut stream = run
+        .exec_stream(ExecSpec::new([
+            "head",
+            "-c",
+            &TOTAL.to_string(),
+            "/dev/zero",
+        ]))
+        .await?;
     let (mut got, mut peak) = (0u64, 0u64);
     let mut chunks = 0u64;
     while let Some(chunk) = stream.next_chunk().await {
@@ -111,7 +161,7 @@ pub async fn large_output_streams_in_bounded_memory(cx: &Context) -> anyhow::Res
             got += b.len() as u64;
         }
         chunks += 1;
-        if chunks % 64 == 0 {
+        if chunks.is_multiple_of(64) {
             peak = peak.max(rss_bytes().unwrap_or(0));
             // A slow reader: the backend must wait rather than buffer.
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -122,7 +172,11 @@ pub async fn large_output_streams_in_bounded_memory(cx: &Context) -> anyhow::Res
     ensure!(got == TOTAL, "received {got} of {TOTAL} bytes");
     if let Some(before) = before {
         let growth = peak.saturating_sub(before);
-        ensure!(growth < 48 << 20, "host memory grew by {} MiB while streaming 64 MiB", growth >> 20);
+        ensure!(
+            growth < 48 << 20,
+            "host memory grew by {} MiB while streaming 64 MiB",
+            growth >> 20
+        );
     }
     run.stop().await?;
     Ok(())
@@ -134,15 +188,30 @@ pub async fn concurrent_execs_keep_their_output(cx: &Context) -> anyhow::Result<
     let execs = (0..32).map(|i| {
         let run = &run;
         async move {
-            let script = format!("echo out-{i}; sleep 0.$((RANDOM % 3)) 2>/dev/null; echo err-{i} >&2; exit {}", i % 7);
+            let script = format!(
+                "echo out-{i}; sleep 0.$((RANDOM % 3)) 2>/dev/null; echo err-{i} >&2; exit {}",
+                i % 7
+            );
             (i, run.exec(ExecSpec::new(["sh", "-c", &script])).await)
         }
     });
     for (i, out) in futures::future::join_all(execs).await {
         let out = out.with_context(|| format!("exec {i}"))?;
-        ensure!(out.stdout_str() == format!("out-{i}\n"), "exec {i} stdout {:?}", out.stdout_str());
-        ensure!(out.stderr_str() == format!("err-{i}\n"), "exec {i} stderr {:?}", out.stderr_str());
-        ensure!(out.status == ExitStatus::Exited(i % 7), "exec {i}: {}", out.status);
+        ensure!(
+            out.stdout_str() == format!("out-{i}\n"),
+            "exec {i} stdout {:?}",
+            out.stdout_str()
+        );
+        ensure!(
+            out.stderr_str() == format!("err-{i}\n"),
+            "exec {i} stderr {:?}",
+            out.stderr_str()
+        );
+        ensure!(
+            out.status == ExitStatus::Exited(i % 7),
+            "exec {i}: {}",
+            out.status
+        );
     }
     run.stop().await?;
     Ok(())
@@ -163,7 +232,10 @@ pub async fn orphans_do_not_become_zombies(cx: &Context) -> anyhow::Result<()> {
         "n=0; for s in /proc/[0-9]*/stat; do case \"$(cat $s 2>/dev/null)\" in *') Z '*) n=$((n+1));; esac; done; echo $n",
     )
     .await?;
-    ensure!(zombies.parse::<u32>()? <= 2, "{zombies} zombies after 200 orphaning execs");
+    ensure!(
+        zombies.parse::<u32>()? <= 2,
+        "{zombies} zombies after 200 orphaning execs"
+    );
     run.stop().await?;
     Ok(())
 }
@@ -171,7 +243,9 @@ pub async fn orphans_do_not_become_zombies(cx: &Context) -> anyhow::Result<()> {
 /// Stop takes well under a second (no SIGTERM grace period), even with work running.
 pub async fn stop_is_fast(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
-    let _busy = run.exec_stream(ExecSpec::new(["sh", "-c", "trap '' TERM; sleep 600"])).await?;
+    let _busy = run
+        .exec_stream(ExecSpec::new(["sh", "-c", "trap '' TERM; sleep 600"]))
+        .await?;
     let started = Instant::now();
     run.stop().await?;
     let took = started.elapsed();
@@ -186,14 +260,23 @@ pub async fn removed_target_is_run_lost(cx: &Context) -> anyhow::Result<()> {
     let running = run.exec_stream(ExecSpec::new(["sleep", "600"])).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     cx.driver.remove(run.id()).await?;
-    let status = tokio::time::timeout(Duration::from_secs(20), running.wait()).await.context("the running exec hung")?;
-    ensure!(status.code().is_none(), "an exec whose target vanished reported {status}");
+    let status = tokio::time::timeout(Duration::from_secs(20), running.wait())
+        .await
+        .context("the running exec hung")?;
+    ensure!(
+        status.code().is_none(),
+        "an exec whose target vanished reported {status}"
+    );
     let started = Instant::now();
     match run.exec(ExecSpec::new(["true"])).await {
         Ok(out) => bail!("exec on a removed run returned {}", out.status),
         Err(e) => ensure!(e.kind() == ErrorKind::RunLost, "expected run lost, got {e}"),
     }
-    ensure!(started.elapsed() < Duration::from_secs(5), "run-lost took {:?}", started.elapsed());
+    ensure!(
+        started.elapsed() < Duration::from_secs(5),
+        "run-lost took {:?}",
+        started.elapsed()
+    );
     Ok(())
 }
 
@@ -204,9 +287,15 @@ pub async fn reap_removes_runs_of_a_killed_owner(cx: &Context) -> anyhow::Result
     child.kill().await?;
     child.wait().await?;
     let live = cx.driver.list(&cx.case_selector()).await?;
-    ensure!(live.iter().any(|r| r.id == id), "the killed owner's run {id} is not listed");
+    ensure!(
+        live.iter().any(|r| r.id == id),
+        "the killed owner's run {id} is not listed"
+    );
     let reaped = sandbox_core::reap(&*cx.driver, &cx.case_selector()).await?;
-    ensure!(reaped.contains(&(id.clone(), ReapReason::OwnerGone)), "reap removed {reaped:?}, not {id}");
+    ensure!(
+        reaped.contains(&(id.clone(), ReapReason::OwnerGone)),
+        "reap removed {reaped:?}, not {id}"
+    );
     cx.assert_case_clean().await
 }
 
@@ -219,8 +308,14 @@ pub async fn ttl_expired_runs_are_reaped(cx: &Context) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let reaped = sandbox_core::reap(&*cx.driver, &cx.case_selector()).await?;
     let listed = cx.driver.list(&cx.case_selector()).await?;
-    ensure!(!listed.iter().any(|r| r.id == expiring.id()), "the expired run is still there (reaped {reaped:?})");
-    ensure!(listed.iter().any(|r| r.id == keeper.id()), "reap removed a live run without TTL");
+    ensure!(
+        !listed.iter().any(|r| r.id == expiring.id()),
+        "the expired run is still there (reaped {reaped:?})"
+    );
+    ensure!(
+        listed.iter().any(|r| r.id == keeper.id()),
+        "reap removed a live run without TTL"
+    );
     ensure!(sh_stdout(&*keeper, "echo ok").await? == "ok");
     keeper.stop().await?;
     expiring.stop().await?;

@@ -20,7 +20,10 @@ pub async fn workspace_persists_across_execs(cx: &Context) -> anyhow::Result<()>
 pub async fn workspace_host_dir_is_shared(cx: &Context) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("from-host.txt"), "seeded")?;
-    let run = cx.driver.start(&cx.spec().workspace_dir(dir.path())).await?;
+    let run = cx
+        .driver
+        .start(&cx.spec().workspace_dir(dir.path()))
+        .await?;
     ensure!(sh_stdout(&*run, "cat from-host.txt").await? == "seeded");
     sh_stdout(&*run, "echo from-run > from-run.txt").await?;
     if cx.caps.workspace_mount {
@@ -39,7 +42,11 @@ pub async fn working_dir_is_the_same_on_every_exec(cx: &Context) -> anyhow::Resu
         sh_stdout(&*run, "cd /tmp").await?;
     }
     let out = run.exec(ExecSpec::new(["pwd"]).working_dir("/tmp")).await?;
-    ensure!(out.stdout_str() == "/tmp\n", "exec override gave {:?}", out.stdout_str());
+    ensure!(
+        out.stdout_str() == "/tmp\n",
+        "exec override gave {:?}",
+        out.stdout_str()
+    );
     run.stop().await?;
 
     let mut spec = cx.spec().post_create(["mkdir", "-p", "/workspace/src"]);
@@ -67,10 +74,10 @@ pub async fn post_create_effects_are_visible(cx: &Context) -> anyhow::Result<()>
 /// A failing post-create command fails the start with its exit code and output, and the
 /// run is removed.
 pub async fn failing_post_create_leaves_nothing(cx: &Context) -> anyhow::Result<()> {
-    let spec = cx
-        .spec()
-        .post_create(["true"])
-        .post_create(["sh", "-c", "echo setup-broke >&2; exit 42"]);
+    let spec =
+        cx.spec()
+            .post_create(["true"])
+            .post_create(["sh", "-c", "echo setup-broke >&2; exit 42"]);
     let e = match cx.driver.create(&spec).await {
         Ok(run) => {
             run.stop().await?;
@@ -79,8 +86,15 @@ pub async fn failing_post_create_leaves_nothing(cx: &Context) -> anyhow::Result<
         Err(e) => e,
     };
     ensure!(e.kind() == ErrorKind::PostCreateFailed, "{e}");
-    ensure!(e.context_value("status") == Some("exited with code 42"), "{e}");
-    ensure!(e.context_value("stderr").is_some_and(|s| s.contains("setup-broke")), "{e}");
+    ensure!(
+        e.context_value("status") == Some("exited with code 42"),
+        "{e}"
+    );
+    ensure!(
+        e.context_value("stderr")
+            .is_some_and(|s| s.contains("setup-broke")),
+        "{e}"
+    );
     ensure!(e.message().contains("post_create[1]"), "{e}");
     cx.assert_case_clean().await
 }

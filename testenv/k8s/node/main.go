@@ -30,8 +30,10 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"sandbox.local/testenv/k8s/node/provider"
 )
@@ -113,6 +115,17 @@ func run(ctx context.Context, o options) error {
 				StateDir:   o.stateDir,
 				Secrets:    pc.Secrets,
 				ConfigMaps: pc.ConfigMaps,
+				ForceDelete: func(ctx context.Context, namespace, name string, uid types.UID) error {
+					opts := metav1.DeleteOptions{
+						GracePeriodSeconds: new(int64),
+						Preconditions:      metav1.NewUIDPreconditions(string(uid)),
+					}
+					err := clientset.CoreV1().Pods(namespace).Delete(ctx, name, opts)
+					if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+						return nil // already gone, or a new pod of the same name
+					}
+					return err
+				},
 			})
 			prov = p
 			// A nil NodeProvider makes nodeutil use its naive one, which marks the

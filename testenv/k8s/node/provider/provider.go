@@ -30,6 +30,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/log"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 )
 
@@ -43,6 +44,10 @@ type Config struct {
 	// Listers for the objects that volumes refer to.
 	Secrets    corev1listers.SecretLister
 	ConfigMaps corev1listers.ConfigMapLister
+	// ForceDelete, if set, removes a pod object from the API once its containers are
+	// gone (grace period 0, UID precondition), as the kubelet does. Without it,
+	// virtual-kubelet only removes the pod after the full deletion grace period.
+	ForceDelete func(ctx context.Context, namespace, name string, uid types.UID) error
 }
 
 // Provider implements nodeutil.Provider and node.PodNotifier on top of Docker.
@@ -223,6 +228,11 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		notify(final)
 	}
 	log.G(ctx).WithField("pod", key).Info("pod deleted from docker")
+	if p.cfg.ForceDelete != nil && pod.DeletionTimestamp != nil {
+		if err := p.cfg.ForceDelete(ctx, pod.Namespace, pod.Name, pod.UID); err != nil {
+			log.G(ctx).WithError(err).WithField("pod", key).Warn("removing pod object; virtual-kubelet will retry after the grace period")
+		}
+	}
 	return nil
 }
 

@@ -95,7 +95,40 @@ func (p *Provider) prepareVolumes(pod *corev1.Pod) (map[string]volumeDir, error)
 		}
 		out[v.Name] = volumeDir{path: dir, readOnly: true}
 	}
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.FSGroup != nil {
+		for _, v := range out {
+			if err := applyFSGroup(v, *sc.FSGroup); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return out, nil
+}
+
+// applyFSGroup mimics the kubelet's volume ownership management: the volume's
+// files belong to group fsGroup and are group-readable (group-writable for
+// writable volumes); directories get the setgid bit so new files inherit the group.
+func applyFSGroup(v volumeDir, gid int64) error {
+	return filepath.WalkDir(v.path, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(path, -1, int(gid)); err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil || info.Mode()&os.ModeSymlink != 0 {
+			return err
+		}
+		mode := info.Mode().Perm() | 0o040
+		if !v.readOnly {
+			mode |= 0o020
+		}
+		if d.IsDir() {
+			mode |= 0o010 | os.ModeSetgid
+		}
+		return os.Chmod(path, mode)
+	})
 }
 
 func (p *Provider) writeSecret(dir, ns, name string, items []corev1.KeyToPath, mode *int32, optional *bool, fresh bool) error {

@@ -1,0 +1,8 @@
+//! The shared suite on this third-party driver:
+//! `SANDBOX_TEST=audit cargo test -p sandbox-driver-audit --test conformance`.
+
+use sandbox_driver_audit as _;
+
+fn main() {
+    sandbox_conformance::harness::main()
+}
