@@ -60,7 +60,11 @@ fn main() -> Result<()> {
             engine::ensure_docker()?;
             images::build()
         }
-        Task::Conformance { driver, package, args } => {
+        Task::Conformance {
+            driver,
+            package,
+            args,
+        } => {
             engine::ensure_docker()?;
             images::build()?;
             conformance(&driver, &package, &args)
@@ -90,15 +94,8 @@ fn main() -> Result<()> {
     }
 }
 
-fn conformance(driver: &str, args: &[String]) -> Result<()> {
-    let mut argv = vec![
-        "test",
-        "-p",
-        "sandbox-conformance",
-        "--test",
-        "conformance",
-        "--",
-    ];
+fn conformance(driver: &str, package: &str, args: &[String]) -> Result<()> {
+    let mut argv = vec!["test", "-p", package, "--test", "conformance", "--"];
     argv.extend(args.iter().map(String::as_str));
     cargo(&argv, &[("SANDBOX_TEST", driver)])
 }
