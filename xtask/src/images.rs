@@ -19,6 +19,11 @@ pub fn build() -> Result<()> {
             "{BUSYBOX_BIN} is missing: install Debian's busybox-static (apt-get install busybox-static)"
         );
     }
+    if !is_static_elf(Path::new(BUSYBOX_BIN))? {
+        bail!(
+            "{BUSYBOX_BIN} is dynamically linked: install Debian's busybox-static (apt-get install busybox-static)"
+        );
+    }
     let rootfs = busybox_rootfs().context("building the busybox root filesystem")?;
     let hash = {
         use std::hash::{Hash, Hasher};
@@ -105,6 +110,27 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
     let roots = std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
     append_file(&mut tar, "etc/ssl/certs/ca-certificates.crt", &roots, 0o644)?;
     Ok(tar.into_inner()?)
+}
+
+/// True for a 64-bit little-endian ELF without a program interpreter (PT_INTERP).
+fn is_static_elf(path: &Path) -> Result<bool> {
+    let elf = std::fs::read(path)?;
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    if elf.len() < 64 || &elf[..4] != b"\x7fELF" || elf[4] != 2 || elf[5] != 1 {
+        bail!(
+            "{} is not a 64-bit little-endian ELF binary",
+            path.display()
+        );
+    }
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into()?) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    const PT_INTERP: u32 = 3;
+    Ok((0..phnum).all(|i| {
+        let o = phoff + i * phentsize;
+        elf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            != Some(PT_INTERP)
+    }))
 }
 
 fn append_dir(tar: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, uid: u64) -> Result<()> {
