@@ -438,3 +438,8 @@ impl Run for DockerRun {
         remove_container(&self.docker, &self.id).await
     }
 }
+
+/// The README's Rust examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
