@@ -30,6 +30,31 @@ pub const DEFAULT_OUTPUT_LIMIT: usize = 16 << 20;
 /// processes of one exec (and their descendants, which inherit it) by it when they kill.
 pub const EXEC_ID_ENV: &str = "SANDBOX_EXEC_ID";
 
+/// A POSIX shell script that kills every process whose environment carries `SANDBOX_EXEC_ID=$1`: TERM, up to one
+/// second of grace, then KILL. Descendants inherit the variable, so grandchildren that
+/// left the process group (setsid, daemons) are found too. Needs a POSIX `sh`, `tr` and
+/// `grep` in the image.
+pub const KILL_SCRIPT: &str = r#"
+id="$1"
+signal() {
+  found=1
+  for d in /proc/[0-9]*; do
+    [ "${d#/proc/}" = "$$" ] && continue
+    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "SANDBOX_EXEC_ID=$id"; then
+      kill "-$1" "${d#/proc/}" 2>/dev/null && found=0
+    fi
+  done
+  return $found
+}
+signal TERM || exit 0
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+  sleep 0.1
+  signal 0 || exit 0
+done
+signal KILL
+exit 0
+"#;
+
 /// How an exec ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitStatus {

@@ -22,7 +22,7 @@ pub use capabilities::{Capabilities, is_numeric_user};
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{
     DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecControl, ExecOutput, ExecStream, ExitStatus,
-    OutputChunk, StdinWriter,
+    KILL_SCRIPT, OutputChunk, StdinWriter,
 };
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
 pub use run::{

@@ -218,6 +218,25 @@ impl RunSpec {
         self
     }
 
+    /// The run's environment as drivers set it on the target: proxy (both cases), the CA
+    /// variables when a CA bundle is given, then [`RunSpec::env`]; a later entry replaces an
+    /// earlier one of the same name, so the caller's own values win.
+    pub fn run_env(&self) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = self.proxy.env();
+        if self.ca_bundle.is_some() {
+            env.extend(crate::ca::env());
+        }
+        env.extend(self.env.iter().cloned());
+        let mut merged: Vec<(String, String)> = Vec::with_capacity(env.len());
+        for (k, v) in env {
+            match merged.iter_mut().find(|(name, _)| *name == k) {
+                Some(slot) => slot.1 = v,
+                None => merged.push((k, v)),
+            }
+        }
+        merged
+    }
+
     /// The effective working directory of execs.
     pub fn effective_working_dir(&self) -> &str {
         self.working_dir.as_deref().unwrap_or(&self.workspace.path)
@@ -582,6 +601,20 @@ mod tests {
         let e = ExecSpec::new(["true"]).env("=", "").validate().unwrap_err();
         assert_eq!(e.field(), Some("env[0].name"));
         ExecSpec::new(["true"]).validate().unwrap();
+    }
+
+    #[test]
+    fn caller_env_wins_over_injected_and_is_deduplicated() {
+        let mut spec = RunSpec::new("x")
+            .env("SSL_CERT_FILE", "/mine.pem")
+            .env("A", "1")
+            .env("A", "2");
+        spec.ca_bundle = Some("pem".into());
+        let env = spec.run_env();
+        assert_eq!(env.iter().filter(|(k, _)| k == "SSL_CERT_FILE").count(), 1);
+        assert!(env.contains(&("SSL_CERT_FILE".into(), "/mine.pem".into())));
+        assert!(env.contains(&("A".into(), "2".into())));
+        assert!(env.contains(&("NODE_EXTRA_CA_CERTS".into(), crate::ca::CA_FILE.into())));
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
         entrypoint: Some(KEEPALIVE[..1].iter().map(|s| s.to_string()).collect()),
         cmd: Some(KEEPALIVE[1..].iter().map(|s| s.to_string()).collect()),
         env: Some(
-            run_env(spec)
+            spec.run_env()
                 .into_iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect(),
@@ -81,24 +81,6 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
         }),
         ..Default::default()
     }
-}
-
-/// The run's environment: proxy (both cases), CA variables, then the caller's env; a
-/// later entry replaces an earlier one of the same name.
-pub fn run_env(spec: &RunSpec) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = spec.proxy.env();
-    if spec.ca_bundle.is_some() {
-        env.extend(ca::env());
-    }
-    env.extend(spec.env.iter().cloned());
-    let mut merged: Vec<(String, String)> = Vec::with_capacity(env.len());
-    for (k, v) in env {
-        match merged.iter_mut().find(|(name, _)| *name == k) {
-            Some(slot) => slot.1 = v,
-            None => merged.push((k, v)),
-        }
-    }
-    merged
 }
 
 #[cfg(test)]
@@ -159,23 +141,5 @@ mod tests {
             ".Labels" => insta::sorted_redaction(),
             ".HostConfig.Tmpfs" => insta::sorted_redaction(),
         });
-    }
-
-    #[test]
-    fn caller_env_wins_over_injected_and_is_deduplicated() {
-        let spec = RunSpec::new("x")
-            .env("SSL_CERT_FILE", "/mine.pem")
-            .env("A", "1")
-            .env("A", "2");
-        let mut with_ca = spec.clone();
-        with_ca.ca_bundle = Some("pem".into());
-        let env = run_env(&with_ca);
-        assert_eq!(env.iter().filter(|(k, _)| k == "SSL_CERT_FILE").count(), 1);
-        assert!(env.contains(&("SSL_CERT_FILE".into(), "/mine.pem".into())));
-        assert!(env.contains(&("A".into(), "2".into())));
-        assert!(env.contains(&(
-            "NODE_EXTRA_CA_CERTS".into(),
-            sandbox_core::ca::CA_FILE.into()
-        )));
     }
 }

@@ -15,31 +15,6 @@ use sandbox_core::{
 
 use crate::error;
 
-/// Kills every process whose environment carries `SANDBOX_EXEC_ID=$1`: TERM, up to one
-/// second of grace, then KILL. Descendants inherit the variable, so grandchildren that
-/// left the process group (setsid, daemons) are found too. Needs a POSIX `sh`, `tr` and
-/// `grep` in the image.
-const KILL_SCRIPT: &str = r#"
-id="$1"
-signal() {
-  found=1
-  for d in /proc/[0-9]*; do
-    [ "${d#/proc/}" = "$$" ] && continue
-    if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "SANDBOX_EXEC_ID=$id"; then
-      kill "-$1" "${d#/proc/}" 2>/dev/null && found=0
-    fi
-  done
-  return $found
-}
-signal TERM || exit 0
-for _ in 1 2 3 4 5 6 7 8 9 10; do
-  sleep 0.1
-  signal 0 || exit 0
-done
-signal KILL
-exit 0
-"#;
-
 /// How long to poll `inspect` for the exit code after the streams closed.
 const STATUS_POLL: Duration = Duration::from_secs(5);
 
@@ -194,7 +169,9 @@ impl ExecControl for DockerExec {
     }
 
     async fn kill(&self) -> Result<()> {
-        let status = self.helper(KILL_SCRIPT, &[&self.marker], true).await?;
+        let status = self
+            .helper(sandbox_core::KILL_SCRIPT, &[&self.marker], true)
+            .await?;
         if status.success() {
             Ok(())
         } else {

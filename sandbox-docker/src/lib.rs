@@ -31,7 +31,7 @@ use sandbox_core::{
     Run, RunExt, RunInfo, RunSpec, ca,
 };
 
-pub use body::{KEEPALIVE, container_body, run_env};
+pub use body::{KEEPALIVE, container_body};
 
 sandbox_core::register_driver!(
     "docker",

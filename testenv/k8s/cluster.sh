@@ -325,7 +325,7 @@ cmd_status() {
       up=1
     fi
   done
-  cp_bin=$state/bin/$(cp_key)
+  cp_bin=$(dirname "$(ls -t "$state"/bin/controlplane-*/kubectl 2>/dev/null | head -n 1)")
   if [[ -x $cp_bin/kubectl && -f $kubeconfig ]] && node_ready; then
     echo "node $node_name: Ready"
   else

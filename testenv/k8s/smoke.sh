@@ -77,7 +77,8 @@ t_node_ready() {
 }
 
 t_image_present() {
-  docker image inspect "$image" >/dev/null || { echo "image $image missing (testenv/k8s/build-image.sh)"; return 1; }
+  docker image inspect "$image" >/dev/null 2>&1 || "$here/build-image.sh" || return 1
+  docker image inspect "$image" >/dev/null
 }
 
 t_pod_running() {
@@ -169,7 +170,7 @@ trap cleanup EXIT
 
 echo "smoke: kubeconfig $kubeconfig, namespace $ns, image $image"
 check "node $node is Ready" t_node_ready
-check "image $image exists locally" t_image_present
+check "image $image exists locally (built if missing)" t_image_present
 k create namespace "$ns" >/dev/null || fail "create namespace $ns"
 poll 30 kn get serviceaccount default || fail "default ServiceAccount in $ns"
 check "pod 'sleep infinity' reaches Running" t_pod_running

@@ -302,10 +302,11 @@ pub async fn reap_removes_runs_of_a_killed_owner(cx: &Context) -> anyhow::Result
 /// A run past its TTL is removed (by the backend or by reap); a live run is not.
 pub async fn ttl_expired_runs_are_reaped(cx: &Context) -> anyhow::Result<()> {
     let mut spec = cx.spec();
-    spec.ttl = Some(Duration::from_secs(1));
+    // Long enough for a slow backend to get the run ready before the deadline.
+    spec.ttl = Some(Duration::from_secs(3));
     let expiring = cx.driver.start(&spec).await?;
     let keeper = cx.driver.start(&cx.spec()).await?;
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    tokio::time::sleep(Duration::from_millis(4200)).await;
     let reaped = sandbox_core::reap(&*cx.driver, &cx.case_selector()).await?;
     let listed = cx.driver.list(&cx.case_selector()).await?;
     ensure!(

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,8 +59,6 @@ type Provider struct {
 	mu     sync.Mutex
 	pods   map[string]*podRecord // keyed by "namespace/name"
 	notify func(*corev1.Pod)     // set by NotifyPods
-
-	started time.Time // for the garbage collector's grace period
 }
 
 // podRecord is what the provider knows about one pod.
@@ -99,10 +98,9 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		return nil, err
 	}
 	return &Provider{
-		cfg:     cfg,
-		docker:  dc,
-		pods:    map[string]*podRecord{},
-		started: time.Now(),
+		cfg:    cfg,
+		docker: dc,
+		pods:   map[string]*podRecord{},
 	}, nil
 }
 
@@ -356,13 +354,9 @@ func (r *podRecord) snapshotPod(mu *sync.Mutex) *corev1.Pod {
 	return r.pod.DeepCopy()
 }
 
-func splitKey(key string) (string, string) {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '/' {
-			return key[:i], key[i+1:]
-		}
-	}
-	return "", key
+func splitKey(key string) (namespace, name string) {
+	namespace, name, _ = strings.Cut(key, "/")
+	return namespace, name
 }
 
 // validatePod rejects pod features this provider cannot honour at all, so that the
