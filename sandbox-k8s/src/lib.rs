@@ -1,0 +1,697 @@
+//! Kubernetes driver for `sandbox`: one pod per run whose container only runs
+//! `sleep infinity`, every tool call an exec over the API's websocket (kube-rs, never
+//! `kubectl`).
+//!
+//! Connect directly with [`K8sDriver::connect`], or through the registry as `k8s`
+//! (config from `SANDBOX_K8S_*`: `namespace`, `runtime_class`, `node_selector`
+//! (`k=v,k=v`), `tolerations` (JSON), `pod_labels`, `pod_annotations`,
+//! `ready_timeout_secs`, `sync_workspace_on_stop`). The cluster comes from `KUBECONFIG`,
+//! `~/.kube/config` or the in-cluster service account.
+#![forbid(unsafe_code)]
+
+mod error;
+mod exec;
+mod pod;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use sandbox_core::labels::{self, Owner};
+use sandbox_core::{
+    Capabilities, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream, Result, Run,
+    RunExt, RunInfo, RunSpec,
+};
+
+pub use exec::{WRAPPER, header, sh_quote};
+pub use pod::{CONTAINER, KEEPALIVE, PodTemplate, ca_secret_name, run_objects};
+
+sandbox_core::register_driver!(
+    "k8s",
+    "Kubernetes API (kube-rs, websocket exec)",
+    K8sDriver::from_config
+);
+
+/// Driver settings beyond the cluster connection.
+#[derive(Debug, Clone, Default)]
+pub struct K8sConfig {
+    /// Namespace of the runs; default: the kubeconfig's (or `default`).
+    pub namespace: Option<String>,
+    /// Pod-level settings: runtime class, node selector, tolerations, extra labels/annotations.
+    pub template: PodTemplate,
+    /// How long a pod may take to run. Default 120 s.
+    pub ready_timeout: Option<Duration>,
+    /// Copy the workspace back into the host directory when a run stops.
+    pub sync_workspace_on_stop: bool,
+}
+
+/// The Kubernetes driver.
+#[derive(Clone)]
+pub struct K8sDriver {
+    client: Client,
+    namespace: String,
+    config: K8sConfig,
+    cluster_url: String,
+}
+
+impl std::fmt::Debug for K8sDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("K8sDriver")
+            .field("cluster", &self.cluster_url)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl K8sDriver {
+    /// Connects with the inferred kubeconfig and checks that the API server answers.
+    pub async fn connect(config: K8sConfig) -> Result<K8sDriver> {
+        let kube_config = kube::Config::infer().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                "no cluster configuration (KUBECONFIG, ~/.kube/config, or in-cluster service account)",
+            )
+            .with_source(e)
+        })?;
+        let cluster_url = kube_config.cluster_url.to_string();
+        let namespace = config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| kube_config.default_namespace.clone());
+        let client = Client::try_from(kube_config).map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("cannot build a client for {cluster_url}"),
+            )
+            .with_source(e)
+        })?;
+        client.apiserver_version().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("cannot reach the Kubernetes API server at {cluster_url}"),
+            )
+            .with_source(e)
+        })?;
+        Ok(K8sDriver {
+            client,
+            namespace,
+            config,
+            cluster_url,
+        })
+    }
+
+    /// The registry constructor (see the crate docs for the keys).
+    pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
+        let pairs = |config: &mut DriverConfig, key: &str| -> Result<BTreeMap<String, String>> {
+            let Some(text) = config.take(key) else {
+                return Ok(BTreeMap::new());
+            };
+            text.split(',')
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| {
+                    p.split_once('=')
+                        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                        .ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::Config,
+                                format!("k8s: {key}: {p:?} is not key=value"),
+                            )
+                        })
+                })
+                .collect()
+        };
+        let tolerations: Vec<Toleration> = match config.take("tolerations") {
+            None => Vec::new(),
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| Error::new(ErrorKind::Config, format!("k8s: tolerations: {e}")))?,
+        };
+        let k8s = K8sConfig {
+            namespace: config.take("namespace"),
+            template: PodTemplate {
+                runtime_class: config.take("runtime_class"),
+                node_selector: pairs(&mut config, "node_selector")?,
+                tolerations,
+                labels: pairs(&mut config, "pod_labels")?,
+                annotations: pairs(&mut config, "pod_annotations")?,
+            },
+            ready_timeout: config
+                .take_parsed::<u64>("ready_timeout_secs")?
+                .map(Duration::from_secs),
+            sync_workspace_on_stop: config
+                .take_parsed::<bool>("sync_workspace_on_stop")?
+                .unwrap_or(false),
+        };
+        config.finish()?;
+        Ok(Arc::new(K8sDriver::connect(k8s).await?))
+    }
+
+    /// The namespace runs are created in.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn run(&self, id: &str, host_dir: Option<PathBuf>, spec_workspace: String) -> K8sRun {
+        K8sRun {
+            driver: self.clone(),
+            id: id.to_string(),
+            host_dir,
+            workspace: spec_workspace,
+        }
+    }
+
+    /// Waits (watch, not poll) until the pod runs, or fails with what its status and events say.
+    async fn wait_ready(&self, id: &str, image: &str) -> Result<()> {
+        let timeout = self.config.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT);
+        let cond =
+            |pod: Option<&Pod>| pod.is_none_or(|p| !matches!(readiness(p), Readiness::Pending));
+        let waited = tokio::time::timeout(
+            timeout,
+            kube::runtime::wait::await_condition(self.pods(), id, cond),
+        )
+        .await;
+        let pod = match waited {
+            Ok(Ok(pod)) => pod,
+            Ok(Err(e)) => {
+                return Err(Error::new(ErrorKind::Backend, "watching the pod failed")
+                    .with("run", id)
+                    .with_source(e));
+            }
+            Err(_) => {
+                let pod = self.pods().get_opt(id).await.ok().flatten();
+                let why = pod.as_ref().map(pending_reason).unwrap_or_default();
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the pod did not run within {timeout:?}: {why}{}",
+                        self.events(id).await
+                    ),
+                )
+                .with("run", id));
+            }
+        };
+        let Some(pod) = pod else {
+            return Err(
+                Error::new(ErrorKind::RunLost, "the pod was deleted while starting")
+                    .with("run", id),
+            );
+        };
+        match readiness(&pod) {
+            Readiness::Ready | Readiness::Pending => Ok(()),
+            Readiness::ImageError(msg) => Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "image {image} cannot be pulled: {msg}{}",
+                    self.events(id).await
+                ),
+            )
+            .with("image", image)
+            .with("run", id)),
+            Readiness::Failed(msg) => Err(Error::new(
+                ErrorKind::Backend,
+                format!("the pod failed to start: {msg}{}", self.events(id).await),
+            )
+            .with("run", id)),
+        }
+    }
+
+    /// The pod's last events, as a suffix for error messages.
+    async fn events(&self, id: &str) -> String {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
+        let params = ListParams::default().fields(&format!("involvedObject.name={id}"));
+        match events.list(&params).await {
+            Ok(list) if !list.items.is_empty() => {
+                let lines: Vec<String> = list
+                    .items
+                    .iter()
+                    .rev()
+                    .take(5)
+                    .map(|e| {
+                        format!(
+                            "{}: {}",
+                            e.reason.as_deref().unwrap_or("?"),
+                            e.message.as_deref().unwrap_or("").trim()
+                        )
+                    })
+                    .collect();
+                format!("; events: {}", lines.join(" | "))
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// Makes the CA Secret owned by the pod, so garbage collection removes it with the pod
+    /// even if this process dies before it can.
+    async fn adopt_secret(&self, id: &str, pod_uid: &str) {
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: id.into(),
+            uid: pod_uid.into(),
+            ..Default::default()
+        };
+        let patch = serde_json::json!({ "metadata": { "ownerReferences": [owner] } });
+        if let Err(e) = self
+            .secrets()
+            .patch(
+                &ca_secret_name(id),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            tracing::warn!(run = %id, "could not make the CA secret owned by its pod: {e}");
+        }
+    }
+
+    /// Everything after the pod exists; on error the caller removes the run.
+    async fn set_up(&self, id: &str, spec: &RunSpec, pod_uid: &str) -> Result<()> {
+        self.wait_ready(id, &spec.image).await?;
+        let run = self.run(
+            id,
+            spec.workspace.host_dir.clone(),
+            spec.workspace.path.clone(),
+        );
+        if spec.ca_bundle.is_some() {
+            self.adopt_secret(id, pod_uid).await;
+            let out = run
+                .exec(ExecSpec::new(["sh", "-c", CA_SETUP]).working_dir("/"))
+                .await?;
+            if !out.status.success() {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    format!("installing the CA bundle {}", out.status),
+                )
+                .with("run", id)
+                .with("stderr", out.stderr_str()));
+            }
+        }
+        if let Some(dir) = &spec.workspace.host_dir {
+            run.put_archive(&spec.workspace.path, tar_dir(dir)?.into())
+                .await?;
+        }
+        for (i, argv) in spec.post_create.iter().enumerate() {
+            let out = run
+                .exec(ExecSpec {
+                    argv: argv.clone(),
+                    ..Default::default()
+                })
+                .await?;
+            if !out.status.success() {
+                let tail = |b: &[u8]| {
+                    String::from_utf8_lossy(&b[b.len().saturating_sub(4096)..]).into_owned()
+                };
+                return Err(Error::new(
+                    ErrorKind::PostCreateFailed,
+                    format!("post_create[{i}] ({}) {}", argv[0], out.status),
+                )
+                .with("run", id)
+                .with("status", &out.status)
+                .with("stdout", tail(&out.stdout))
+                .with("stderr", tail(&out.stderr)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds the CA files from the mounted Secret: the CA alone, the full bundle (system
+/// roots first) and, where the image's system bundle is writable, the system bundle too.
+const CA_SETUP: &str = r#"
+set -e
+ca=/etc/sandbox-ca/ca.pem
+sys=""
+for f in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem; do
+  if [ -f "$f" ] && [ ! -L "$f" ]; then sys="$f"; break; fi
+done
+cat "$ca" > /etc/sandbox/ca.pem
+{ if [ -n "$sys" ]; then cat "$sys"; echo; fi; cat "$ca"; } | sed '/^$/d' > /etc/sandbox/ca-bundle.pem
+if [ -n "$sys" ] && [ -w "$sys" ]; then
+  cat /etc/sandbox/ca-bundle.pem > "$sys"
+  mkdir -p /usr/local/share/ca-certificates 2>/dev/null && cat "$ca" > /usr/local/share/ca-certificates/sandbox-ca.crt || true
+fi
+"#;
+
+enum Readiness {
+    Ready,
+    Pending,
+    ImageError(String),
+    Failed(String),
+}
+
+fn readiness(pod: &Pod) -> Readiness {
+    let Some(status) = &pod.status else {
+        return Readiness::Pending;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Readiness::Failed("the pod is being deleted".into());
+    }
+    match status.phase.as_deref() {
+        Some("Failed") | Some("Succeeded") => {
+            return Readiness::Failed(format!(
+                "phase {}: {} {}",
+                status.phase.as_deref().unwrap_or(""),
+                status.reason.as_deref().unwrap_or(""),
+                status.message.as_deref().unwrap_or("")
+            ));
+        }
+        Some("Running") => {
+            let running = status.container_statuses.iter().flatten().any(|c| {
+                c.name == CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some())
+            });
+            if running {
+                return Readiness::Ready;
+            }
+        }
+        _ => {}
+    }
+    for c in status.container_statuses.iter().flatten() {
+        if let Some(waiting) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            let reason = waiting.reason.as_deref().unwrap_or("");
+            let msg = format!("{reason}: {}", waiting.message.as_deref().unwrap_or(""));
+            match reason {
+                "ErrImagePull" | "ImagePullBackOff" | "ErrImageNeverPull" | "InvalidImageName" => {
+                    return Readiness::ImageError(msg);
+                }
+                "CreateContainerConfigError" | "CreateContainerError" | "RunContainerError" => {
+                    return Readiness::Failed(msg);
+                }
+                _ => {}
+            }
+        }
+        if let Some(t) = c.state.as_ref().and_then(|s| s.terminated.as_ref()) {
+            return Readiness::Failed(format!(
+                "the container exited ({}): {}",
+                t.exit_code,
+                t.reason.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    Readiness::Pending
+}
+
+fn pending_reason(pod: &Pod) -> String {
+    let Some(status) = &pod.status else {
+        return "no status yet".into();
+    };
+    for c in status.conditions.iter().flatten() {
+        if c.status == "False" && c.reason.is_some() {
+            return format!(
+                "{} {}: {}",
+                c.type_,
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or("")
+            );
+        }
+    }
+    format!("phase {}", status.phase.as_deref().unwrap_or("unknown"))
+}
+
+/// A tar of the directory's content (paths relative to it).
+fn tar_dir(dir: &Path) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    builder
+        .append_dir_all(".", dir)
+        .and_then(|_| builder.into_inner())
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Backend,
+                format!("cannot archive {}", dir.display()),
+            )
+            .with_source(e)
+        })
+}
+
+#[async_trait]
+impl Driver for K8sDriver {
+    fn name(&self) -> &str {
+        "k8s"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities::default();
+        c.workspace_seed = true;
+        c.memory_limit = true;
+        c.cpu_limit = true;
+        c.read_only_rootfs = true;
+        c.cap_drop = true;
+        c.no_new_privileges = true;
+        c.ttl = true;
+        c.files = true;
+        c.attach = true;
+        c.system_trust_store = true;
+        c
+    }
+
+    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
+        sandbox_core::prepare(spec, &self.capabilities())?;
+        let id = sandbox_core::new_run_id();
+        let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
+        let (pod, secret) =
+            run_objects(spec, &id, &self.namespace, &labels, &self.config.template)?;
+        if let Some(secret) = &secret {
+            self.secrets()
+                .create(&PostParams::default(), secret)
+                .await
+                .map_err(|e| error::map("create CA secret", e).with("run", &id))?;
+        }
+        let created = match self.pods().create(&PostParams::default(), &pod).await {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.remove(&id).await;
+                return Err(error::map("create pod", e)
+                    .with("run", &id)
+                    .with("image", &spec.image));
+            }
+        };
+        let uid = created.metadata.uid.unwrap_or_default();
+        if let Err(e) = self.set_up(&id, spec, &uid).await {
+            if let Err(cleanup) = self.remove(&id).await {
+                tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
+            }
+            return Err(e);
+        }
+        tracing::debug!(run = %id, image = %spec.image, "run started");
+        Ok(Box::new(self.run(
+            &id,
+            spec.workspace.host_dir.clone(),
+            spec.workspace.path.clone(),
+        )))
+    }
+
+    async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
+        let pod = self
+            .pods()
+            .get_opt(id)
+            .await
+            .map_err(|e| error::map("get pod", e).with("run", id))?
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::MANAGED_BY))
+                    .map(String::as_str)
+                    == Some(labels::MANAGED_BY_VALUE)
+            })
+            .ok_or_else(|| {
+                Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id)
+            })?;
+        if !matches!(readiness(&pod), Readiness::Ready) {
+            return Err(
+                Error::new(ErrorKind::RunLost, "the run's pod is not running").with("run", id),
+            );
+        }
+        let workspace = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .find(|m| m.name == "workspace")
+            .map(|m| m.mount_path.clone())
+            .unwrap_or_else(|| sandbox_core::DEFAULT_WORKSPACE_PATH.into());
+        Ok(Box::new(self.run(id, None, workspace)))
+    }
+
+    async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+        let mut terms = vec![format!(
+            "{}={}",
+            labels::MANAGED_BY,
+            labels::MANAGED_BY_VALUE
+        )];
+        terms.extend(selector.iter().map(|(k, v)| format!("{k}={v}")));
+        let pods = self
+            .pods()
+            .list(&ListParams::default().labels(&terms.join(",")))
+            .await
+            .map_err(|e| error::map("list pods", e))?;
+        Ok(pods
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let labels = p.metadata.labels.clone()?;
+                let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+                Some(RunInfo {
+                    id: labels.get(labels::RUN_ID)?.clone(),
+                    running: !matches!(phase.as_deref(), Some("Failed" | "Succeeded")),
+                    labels,
+                })
+            })
+            .collect())
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::background()
+        };
+        match self.pods().delete(id, &now).await {
+            Ok(_) => {}
+            Err(e) if error::code(&e) == Some(404) => {}
+            Err(e) => return Err(error::map("delete pod", e).with("run", id)),
+        }
+        match self.secrets().delete(&ca_secret_name(id), &now).await {
+            Ok(_) => Ok(()),
+            Err(e) if error::code(&e) == Some(404) => Ok(()),
+            Err(e) => Err(error::map("delete CA secret", e).with("run", id)),
+        }
+    }
+}
+
+/// One run: a pod entered by exec.
+#[derive(Debug)]
+pub struct K8sRun {
+    driver: K8sDriver,
+    id: String,
+    host_dir: Option<PathBuf>,
+    workspace: String,
+}
+
+impl K8sRun {
+    /// Copies the run's workspace back into its host directory (files the run deleted stay
+    /// on the host). A no-op for runs without a host directory.
+    pub async fn sync_workspace_to_host(&self) -> Result<()> {
+        let Some(dir) = &self.host_dir else {
+            return Ok(());
+        };
+        let tar = self.get_archive(&self.workspace).await?;
+        let mut archive = tar::Archive::new(&tar[..]);
+        let bad = |e: std::io::Error| {
+            Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
+        };
+        for entry in archive.entries().map_err(bad)? {
+            let mut entry = entry.map_err(bad)?;
+            let path = entry.path().map_err(bad)?.into_owned();
+            // Strip the workspace directory's own name; refuse anything but plain names.
+            let rel: PathBuf = path.components().skip(1).collect();
+            let plain = rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if rel.as_os_str().is_empty() || !plain {
+                continue;
+            }
+            entry.unpack(dir.join(&rel)).map_err(bad)?;
+        }
+        Ok(())
+    }
+
+    async fn tar_exec(
+        &self,
+        argv: &[&str],
+        stdin: Option<Bytes>,
+    ) -> Result<sandbox_core::ExecOutput> {
+        let mut spec = ExecSpec::new(argv.iter().copied())
+            .working_dir("/")
+            .output_limit(1 << 30);
+        if let Some(b) = stdin {
+            spec = spec.stdin_bytes(b);
+        }
+        self.exec(spec).await
+    }
+}
+
+fn tar_error(out: &sandbox_core::ExecOutput, path: &str, run: &str) -> Error {
+    let stderr = out.stderr_str();
+    let kind = if stderr.contains("No such file") || stderr.contains("can't change directory") {
+        ErrorKind::NotFound
+    } else {
+        ErrorKind::Backend
+    };
+    Error::new(
+        kind,
+        format!("tar in the pod {}: {}", out.status, stderr.trim()),
+    )
+    .with("run", run)
+    .with("path", path)
+}
+
+#[async_trait]
+impl Run for K8sRun {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
+        exec::start(&self.driver.pods(), &self.id, spec).await
+    }
+
+    async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()> {
+        let out = self
+            .tar_exec(&["tar", "-x", "-f", "-", "-C", dir], Some(tar))
+            .await?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(tar_error(&out, dir, &self.id))
+        }
+    }
+
+    async fn get_archive(&self, path: &str) -> Result<Bytes> {
+        let trimmed = path.trim_end_matches('/');
+        let (parent, base) = match trimmed.rsplit_once('/') {
+            Some(("", base)) => ("/", base),
+            Some((parent, base)) => (parent, base),
+            None => {
+                return Err(Error::invalid_spec(
+                    "path",
+                    format!("{path:?} must be absolute"),
+                ));
+            }
+        };
+        let out = self
+            .tar_exec(&["tar", "-c", "-f", "-", "-C", parent, base], None)
+            .await?;
+        if out.status.success() {
+            Ok(out.stdout.into())
+        } else {
+            Err(tar_error(&out, path, &self.id))
+        }
+    }
+
+    async fn stop(&self) -> Result<()> {
+        if self.driver.config.sync_workspace_on_stop {
+            match self.sync_workspace_to_host().await {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::RunLost => {}
+                Err(e) => tracing::warn!(run = %self.id, "workspace sync at stop failed: {e}"),
+            }
+        }
+        self.driver.remove(&self.id).await
+    }
+}

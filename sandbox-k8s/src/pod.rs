@@ -1,0 +1,354 @@
+//! The pure translation of a [`RunSpec`] into the objects of one run: the Pod and, when a
+//! CA bundle is given, the Secret that carries it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Toleration,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use sandbox_core::{Error, PullPolicy, Result, RunSpec, ca};
+
+/// The name of the workload container.
+pub const CONTAINER: &str = "sandbox";
+/// The kept-alive process. The image's ENTRYPOINT and CMD are never run.
+pub const KEEPALIVE: [&str; 2] = ["sleep", "infinity"];
+/// Where the CA Secret is mounted (read-only); the bundle is built from it into [`ca::DIR`].
+pub const CA_SECRET_MOUNT: &str = "/etc/sandbox-ca";
+/// Grace period of the pod: PID 1 is `sleep`, which ignores SIGTERM.
+pub const TERMINATION_GRACE_SECONDS: i64 = 1;
+
+/// The pod-level settings of the driver that are not part of a run's spec.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodTemplate {
+    /// `runtimeClassName` (gVisor, Kata, ...).
+    pub runtime_class: Option<String>,
+    /// `nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// `tolerations`.
+    pub tolerations: Vec<Toleration>,
+    /// Extra labels on every pod (the run's own labels win).
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations on every pod.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The name of the Secret carrying a run's CA bundle.
+pub fn ca_secret_name(run_id: &str) -> String {
+    format!("{run_id}-ca")
+}
+
+/// The objects of a run: its Pod and, when `spec.ca_bundle` is set, the CA Secret.
+/// `labels` are the run's full labels. Errors only for what Kubernetes cannot express
+/// (a non-numeric user). Pure: snapshotted in tests.
+pub fn run_objects(
+    spec: &RunSpec,
+    run_id: &str,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    template: &PodTemplate,
+) -> Result<(Pod, Option<Secret>)> {
+    let (run_as_user, run_as_group) = match spec.user.as_deref() {
+        None => (None, None),
+        Some(user) => parse_user(user)?,
+    };
+    let mut pod_labels = template.labels.clone();
+    pod_labels.extend(labels.clone());
+
+    let mut volumes = vec![Volume {
+        name: "workspace".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }];
+    let mut mounts = vec![VolumeMount {
+        name: "workspace".into(),
+        mount_path: spec.workspace.path.clone(),
+        ..Default::default()
+    }];
+    let secret = spec.ca_bundle.as_ref().map(|pem| Secret {
+        metadata: ObjectMeta {
+            name: Some(ca_secret_name(run_id)),
+            namespace: Some(namespace.into()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "ca.pem".to_string(),
+            ByteString(pem.clone().into_bytes()),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    });
+    if secret.is_some() {
+        volumes.push(Volume {
+            name: "sandbox-ca".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(ca_secret_name(run_id)),
+                default_mode: Some(0o444),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "sandbox-ca".into(),
+            mount_path: CA_SECRET_MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        // Writable under a read-only root: the bundle is assembled here at start.
+        volumes.push(Volume {
+            name: "sandbox-etc".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "sandbox-etc".into(),
+            mount_path: ca::DIR.into(),
+            ..Default::default()
+        });
+    }
+    if spec.security.read_only_rootfs {
+        volumes.push(Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        });
+    }
+
+    let mut limits = BTreeMap::new();
+    if let Some(bytes) = spec.resources.memory_bytes {
+        limits.insert("memory".to_string(), Quantity(bytes.to_string()));
+    }
+    if let Some(cpus) = spec.resources.cpus {
+        limits.insert(
+            "cpu".to_string(),
+            Quantity(format!("{}m", (cpus * 1000.0).round() as u64)),
+        );
+    }
+
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some(
+            match spec.pull {
+                PullPolicy::Always => "Always",
+                PullPolicy::IfNotPresent => "IfNotPresent",
+                PullPolicy::Never => "Never",
+            }
+            .into(),
+        ),
+        command: Some(KEEPALIVE.iter().map(|s| s.to_string()).collect()),
+        args: Some(Vec::new()),
+        working_dir: Some(spec.effective_working_dir().to_string()),
+        env: Some(
+            spec.run_env()
+                .into_iter()
+                .map(|(name, value)| EnvVar {
+                    name,
+                    value: Some(value),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        resources: (!limits.is_empty()).then(|| ResourceRequirements {
+            limits: Some(limits.clone()),
+            requests: Some(limits),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(!spec.security.no_new_privileges),
+            capabilities: (!spec.security.cap_drop.is_empty()).then(|| Capabilities {
+                drop: Some(spec.security.cap_drop.clone()),
+                ..Default::default()
+            }),
+            read_only_root_filesystem: spec.security.read_only_rootfs.then_some(true),
+            run_as_user,
+            run_as_group,
+            ..Default::default()
+        }),
+        volume_mounts: Some(mounts),
+        stdin: Some(false),
+        tty: Some(false),
+        ..Default::default()
+    };
+
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(run_id.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(pod_labels),
+            annotations: (!template.annotations.is_empty()).then(|| template.annotations.clone()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            // The pause container becomes PID 1 and reaps orphans of exec'd processes.
+            share_process_namespace: Some(true),
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+            active_deadline_seconds: spec.ttl.map(|t| t.as_secs().max(1) as i64),
+            runtime_class_name: template.runtime_class.clone(),
+            node_selector: (!template.node_selector.is_empty())
+                .then(|| template.node_selector.clone()),
+            tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..Default::default()
+                }),
+                fs_group: run_as_group,
+                ..Default::default()
+            }),
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok((pod, secret))
+}
+
+/// `uid` or `uid:gid`; a name cannot be resolved by Kubernetes.
+fn parse_user(user: &str) -> Result<(Option<i64>, Option<i64>)> {
+    let bad = || {
+        Error::invalid_spec(
+            "user",
+            format!("{user:?}: Kubernetes needs a numeric uid or uid:gid, not a name"),
+        )
+    };
+    let (u, g) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let uid = u.parse::<i64>().map_err(|_| bad())?;
+    let gid = g.map(|g| g.parse::<i64>().map_err(|_| bad())).transpose()?;
+    Ok((Some(uid), gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sandbox_core::labels::{Owner, run_labels};
+    use sandbox_core::{ErrorKind, Proxy};
+
+    use super::*;
+
+    fn labels(spec: &RunSpec) -> BTreeMap<String, String> {
+        let owner = Owner {
+            host: "host-1".into(),
+            pid: 4242,
+            start: 777,
+        };
+        let mut l = run_labels("sbx-000000000001", &owner, None, &spec.labels);
+        if spec.ttl.is_some() {
+            l.insert(sandbox_core::labels::EXPIRES_AT.into(), "1900000000".into());
+        }
+        l
+    }
+
+    #[test]
+    fn minimal_spec() {
+        let spec = RunSpec::new("busybox:1.36");
+        let (pod, secret) = run_objects(
+            &spec,
+            "sbx-000000000001",
+            "default",
+            &labels(&spec),
+            &PodTemplate::default(),
+        )
+        .unwrap();
+        assert!(secret.is_none());
+        insta::assert_yaml_snapshot!(pod);
+    }
+
+    #[test]
+    fn full_spec() {
+        let mut spec = RunSpec::new("registry.example/tools:2")
+            .env("A", "1")
+            .label("team", "agents")
+            .post_create(["make", "setup"]);
+        spec.workspace.path = "/src".into();
+        spec.working_dir = Some("/src/app".into());
+        spec.user = Some("1000:1000".into());
+        spec.proxy = Proxy {
+            http: Some("http://proxy:3128".into()),
+            https: None,
+            no_proxy: vec!["internal".into()],
+        };
+        spec.ca_bundle = Some("(pem)".into());
+        spec.resources.memory_bytes = Some(512 << 20);
+        spec.resources.cpus = Some(1.5);
+        spec.security.cap_drop = vec!["ALL".into()];
+        spec.security.read_only_rootfs = true;
+        spec.ttl = Some(Duration::from_secs(3600));
+        spec.pull = PullPolicy::Never;
+        let template = PodTemplate {
+            runtime_class: Some("gvisor".into()),
+            node_selector: BTreeMap::from([("pool".into(), "sandboxes".into())]),
+            tolerations: vec![Toleration {
+                key: Some("sandbox".into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoSchedule".into()),
+                ..Default::default()
+            }],
+            labels: BTreeMap::from([
+                ("team".into(), "overridden-by-run".into()),
+                ("cost-center".into(), "ai".into()),
+            ]),
+            annotations: BTreeMap::from([("example.com/note".into(), "x".into())]),
+        };
+        let (pod, secret) = run_objects(
+            &spec,
+            "sbx-000000000001",
+            "agents",
+            &labels(&spec),
+            &template,
+        )
+        .unwrap();
+        insta::assert_yaml_snapshot!("full_spec_pod", pod);
+        insta::assert_yaml_snapshot!("full_spec_secret", secret);
+    }
+
+    #[test]
+    fn user_names_are_invalid_here() {
+        let mut spec = RunSpec::new("x");
+        spec.user = Some("nobody".into());
+        let e = run_objects(
+            &spec,
+            "sbx-1",
+            "ns",
+            &labels(&spec),
+            &PodTemplate::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.kind(), e.field()),
+            (ErrorKind::InvalidSpec, Some("user"))
+        );
+        spec.user = Some("1000:staff".into());
+        assert!(
+            run_objects(
+                &spec,
+                "sbx-1",
+                "ns",
+                &labels(&spec),
+                &PodTemplate::default()
+            )
+            .is_err()
+        );
+    }
+}
