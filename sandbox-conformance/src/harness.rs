@@ -91,13 +91,22 @@ pub fn main() {
     conclusion.exit()
 }
 
+/// How the owner child holds its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerMode {
+    /// A bare run, never stopped: only `reap` can find it after the child dies.
+    Bare,
+    /// A guarded run with [`sandbox_core::stop_runs_on_signal`] installed.
+    GuardedWithSignalHandler,
+}
+
 /// Starts this test binary again as an owner process that creates one run labelled for
 /// `cx`'s case and then waits to be killed.
-pub fn spawn_owner_child(cx: &Context) -> anyhow::Result<tokio::process::Child> {
+pub fn spawn_owner_child(cx: &Context, mode: OwnerMode) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe()?;
     let selector = cx.case_selector();
     tokio::process::Command::new(exe)
-        .env(CHILD_ENV, "1")
+        .env(CHILD_ENV, format!("{mode:?}"))
         .env("SANDBOX_TEST", cx.driver.name())
         .env("SANDBOX_CONFORMANCE_IMAGE", &cx.image)
         .env("SANDBOX_CONFORMANCE_SESSION", &selector[SESSION_LABEL])
@@ -133,9 +142,16 @@ async fn owner_child() -> anyhow::Result<()> {
     if driver.capabilities().network_none {
         spec.network = sandbox_core::Network::None;
     }
-    let run = driver.create(&spec).await?;
-    println!("RUN {}", run.id());
-    // Wait for SIGKILL; never stop the run.
-    std::future::pending::<()>().await;
+    if std::env::var(CHILD_ENV)? == format!("{:?}", OwnerMode::GuardedWithSignalHandler) {
+        sandbox_core::stop_runs_on_signal()?;
+        let run = sandbox_core::DriverExt::start(&*driver, &spec).await?;
+        println!("RUN {}", run.id());
+        std::future::pending::<()>().await;
+    } else {
+        let run = driver.create(&spec).await?;
+        println!("RUN {}", run.id());
+        // Wait for SIGKILL; never stop the run.
+        std::future::pending::<()>().await;
+    }
     Ok(())
 }

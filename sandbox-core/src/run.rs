@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -215,26 +217,45 @@ pub async fn reap(
     Ok(reaped)
 }
 
-/// Owns a run and stops it when dropped (also while unwinding from a panic).
+/// Owns a run and stops it when dropped (also while unwinding from a panic), and lets
+/// [`stop_runs_on_signal`] find it.
 ///
 /// Prefer [`RunGuard::stop`], which reports errors. The drop fallback blocks the current
 /// thread until the stop is done on a multi-thread Tokio runtime; on a current-thread
 /// runtime it stops from a helper thread with its own runtime.
 pub struct RunGuard {
-    run: Option<Box<dyn Run>>,
+    run: Option<Arc<dyn Run>>,
+    key: u64,
 }
 
 /// How long a drop may block on stopping the run.
 const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The runs held by live guards, for the signal handler.
+static GUARDED: Mutex<BTreeMap<u64, Weak<dyn Run>>> = Mutex::new(BTreeMap::new());
+static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
+
+fn guarded() -> std::sync::MutexGuard<'static, BTreeMap<u64, Weak<dyn Run>>> {
+    GUARDED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl RunGuard {
     /// Guards `run`.
     pub fn new(run: Box<dyn Run>) -> RunGuard {
-        RunGuard { run: Some(run) }
+        let run: Arc<dyn Run> = Arc::from(run);
+        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+        guarded().insert(key, Arc::downgrade(&run));
+        RunGuard {
+            run: Some(run),
+            key,
+        }
     }
 
     /// Stops the run and reports the outcome.
     pub async fn stop(mut self) -> Result<()> {
+        guarded().remove(&self.key);
         match self.run.take() {
             Some(run) => run.stop().await,
             None => Ok(()),
@@ -242,11 +263,46 @@ impl RunGuard {
     }
 
     /// Disarms the guard: the run lives on after it.
-    pub fn into_inner(mut self) -> Box<dyn Run> {
+    pub fn into_inner(mut self) -> Arc<dyn Run> {
+        guarded().remove(&self.key);
         self.run
             .take()
             .expect("a guard always holds its run until consumed")
     }
+}
+
+/// Stops every run held by a live [`RunGuard`] in this process.
+pub async fn stop_guarded_runs() {
+    let runs: Vec<Arc<dyn Run>> = guarded().values().filter_map(Weak::upgrade).collect();
+    let stops = runs.iter().map(|run| async move {
+        match tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop()).await {
+            Ok(Ok(())) => tracing::info!(run = %run.id(), "stopped on signal"),
+            Ok(Err(e)) => tracing::error!(run = %run.id(), "could not stop on signal: {e}"),
+            Err(_) => tracing::error!(run = %run.id(), "stop on signal timed out"),
+        }
+    });
+    futures::future::join_all(stops).await;
+}
+
+/// Opt-in for binaries: on SIGINT or SIGTERM, stop every guarded run, then exit with
+/// 128 + the signal number. Call once, inside a Tokio runtime.
+pub fn stop_runs_on_signal() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let err = |e: std::io::Error| {
+        Error::new(ErrorKind::Backend, "cannot install the signal handler").with_source(e)
+    };
+    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
+    let mut term = signal(SignalKind::terminate()).map_err(err)?;
+    tokio::spawn(async move {
+        let code = tokio::select! {
+            _ = int.recv() => 130,
+            _ = term.recv() => 143,
+        };
+        tracing::warn!("signal received: stopping the runs of this process");
+        stop_guarded_runs().await;
+        std::process::exit(code);
+    });
+    Ok(())
 }
 
 impl Deref for RunGuard {
@@ -267,6 +323,7 @@ impl fmt::Debug for RunGuard {
 
 impl Drop for RunGuard {
     fn drop(&mut self) {
+        guarded().remove(&self.key);
         let Some(run) = self.run.take() else { return };
         let id = run.id().to_string();
         let stop = async move {

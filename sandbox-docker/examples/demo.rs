@@ -14,6 +14,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let image = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "sandbox-test/busybox:latest".into());
+    // Ctrl-C or SIGTERM while the demo runs: stop the run before exiting.
+    sandbox_core::stop_runs_on_signal()?;
     let driver = DockerDriver::connect(DockerConfig::default()).await?;
     let host_dir = tempfile::tempdir()?;
     let demo_label = format!("demo-{}", std::process::id());

@@ -66,5 +66,6 @@ pub static CASES: &[Case] = &[
     case!(orphans_do_not_become_zombies),
     case!(stop_is_fast),
     case!(reap_removes_runs_of_a_killed_owner),
+    case!(signal_to_owner_stops_its_runs),
     case!(ttl_expired_runs_are_reaped, |c| c.ttl),
 ];

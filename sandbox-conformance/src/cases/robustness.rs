@@ -7,6 +7,7 @@ use sandbox_core::{
     DriverExt, ErrorKind, ExecSpec, ExitStatus, OutputChunk, ReapReason, Run, RunExt,
 };
 
+use crate::harness::OwnerMode;
 use crate::{Context, sh_stdout};
 
 /// The command lines of the processes alive in the run (zombies have none).
@@ -282,7 +283,7 @@ pub async fn removed_target_is_run_lost(cx: &Context) -> anyhow::Result<()> {
 
 /// A run created by a process that was then SIGKILLed is found and removed by reap.
 pub async fn reap_removes_runs_of_a_killed_owner(cx: &Context) -> anyhow::Result<()> {
-    let mut child = crate::harness::spawn_owner_child(cx)?;
+    let mut child = crate::harness::spawn_owner_child(cx, OwnerMode::Bare)?;
     let id = crate::harness::read_child_run_id(&mut child).await?;
     child.kill().await?;
     child.wait().await?;
@@ -296,6 +297,32 @@ pub async fn reap_removes_runs_of_a_killed_owner(cx: &Context) -> anyhow::Result
         reaped.contains(&(id.clone(), ReapReason::OwnerGone)),
         "reap removed {reaped:?}, not {id}"
     );
+    cx.assert_case_clean().await
+}
+
+/// SIGTERM to a process that uses `stop_runs_on_signal` stops its guarded runs before it
+/// exits; no reap needed.
+pub async fn signal_to_owner_stops_its_runs(cx: &Context) -> anyhow::Result<()> {
+    let mut child = crate::harness::spawn_owner_child(cx, OwnerMode::GuardedWithSignalHandler)?;
+    let id = crate::harness::read_child_run_id(&mut child).await?;
+    ensure!(
+        cx.driver
+            .list(&cx.case_selector())
+            .await?
+            .iter()
+            .any(|r| r.id == id),
+        "{id} is not listed"
+    );
+    let pid = child.id().context("the child's pid")?;
+    let sent = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await?;
+    ensure!(sent.success(), "kill -TERM failed");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .context("the child did not exit")??;
+    ensure!(status.code() == Some(143), "the child exited with {status}");
     cx.assert_case_clean().await
 }
 
