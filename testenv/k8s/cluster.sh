@@ -281,27 +281,33 @@ cmd_up() {
   echo "$kubeconfig"
 }
 
-stop_component() {
-  local name=$1 pid
-  pid=$(pid_of "$name")
-  if running "$name"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.2
+# stop_components NAME...: SIGTERM them together, SIGKILL what is left after 10 s.
+stop_components() {
+  local name pids=() deadline=$((SECONDS + 10))
+  for name in "$@"; do
+    if running "$name"; then
+      pids+=("$(pid_of "$name")")
+      kill -TERM "${pids[-1]}" 2>/dev/null || true
+      log "stopping $name (pid ${pids[-1]})"
+    fi
+    rm -f "$run/$name.pid"
+  done
+  local pid
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
+      sleep 0.1
     done
     kill -KILL "$pid" 2>/dev/null || true
-    log "stopped $name (pid $pid)"
-  fi
-  rm -f "$run/$name.pid"
+  done
 }
 
+stop_component() { stop_components "$1"; }
+
 cmd_down() {
-  local i
-  # Reverse order: the node first, etcd last.
-  for ((i = ${#components[@]} - 1; i >= 0; i--)); do
-    stop_component "${components[i]}"
-  done
+  # The node first (it may still delete pods), etcd last.
+  stop_components sandbox-node
+  stop_components kube-scheduler kube-controller-manager kube-apiserver
+  stop_components etcd
   if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
     local ids
     ids=$(docker ps -aq --filter "label=sandbox-test.k8s/provider=docker-vk")

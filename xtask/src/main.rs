@@ -4,6 +4,7 @@
 
 mod engine;
 mod images;
+mod k8s;
 
 use std::process::Command;
 
@@ -35,8 +36,18 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Everything: engine and images, unit and snapshot tests, the conformance suite, lints.
-    Test,
+    /// Everything: engine, images and test cluster; lints; unit and snapshot tests; the
+    /// conformance suite on Docker, the example third-party driver and Kubernetes.
+    Test {
+        /// Leave the Kubernetes test cluster running afterwards.
+        #[arg(long)]
+        keep_cluster: bool,
+    },
+    /// The Kubernetes test cluster: `up` (prints the kubeconfig path), `down`, `status`.
+    K8s {
+        #[arg(value_parser = ["up", "down", "status"])]
+        action: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -69,7 +80,18 @@ fn main() -> Result<()> {
             images::build()?;
             conformance(&driver, &package, &args)
         }
-        Task::Test => {
+        Task::K8s { action } => {
+            if action == "up" {
+                engine::ensure_docker()?;
+                images::build()?;
+                let kubeconfig = k8s::up()?;
+                eprintln!("export KUBECONFIG={}", kubeconfig.display());
+                Ok(())
+            } else {
+                k8s::run(&action)
+            }
+        }
+        Task::Test { keep_cluster } => {
             engine::ensure_docker()?;
             images::build()?;
             cargo(&["fmt", "--all", "--", "--check"], &[])?;
@@ -89,9 +111,26 @@ fn main() -> Result<()> {
             conformance("docker", "sandbox-conformance", &[])?;
             // The example third-party driver, from its own crate.
             conformance("audit", "sandbox-driver-audit", &[])?;
+            let kubeconfig = k8s::up()?;
+            let k8s_result = k8s_tests(&kubeconfig);
+            if !keep_cluster {
+                k8s::run("down")?;
+            }
+            k8s_result?;
             engine::assert_no_leftovers()
         }
     }
+}
+
+/// The cluster smoke test, the suite on the `k8s` driver, and the leftover check.
+fn k8s_tests(kubeconfig: &std::path::Path) -> Result<()> {
+    k8s::smoke(kubeconfig)?;
+    let kubeconfig = kubeconfig.to_str().context("a UTF-8 kubeconfig path")?;
+    cargo(
+        &["test", "-p", "sandbox-conformance", "--test", "conformance"],
+        &[("SANDBOX_TEST", "k8s"), ("KUBECONFIG", kubeconfig)],
+    )?;
+    k8s::assert_no_leftovers(std::path::Path::new(kubeconfig))
 }
 
 fn conformance(driver: &str, package: &str, args: &[String]) -> Result<()> {

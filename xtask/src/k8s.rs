@@ -1,0 +1,120 @@
+//! The Kubernetes test cluster (testenv/k8s): upstream control plane built from Go
+//! modules, a virtual-kubelet node backed by the local Docker engine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the repo")
+        .to_path_buf()
+}
+
+/// The cluster's state directory.
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("SANDBOX_K8S_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/k8s"))
+}
+
+fn script(name: &str) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo().join("testenv/k8s").join(name))
+        .env("SANDBOX_K8S_STATE", state_dir());
+    cmd
+}
+
+fn ensure_go() -> Result<()> {
+    let found = Command::new("go")
+        .arg("version")
+        .output()
+        .or_else(|_| Command::new("/usr/local/go/bin/go").arg("version").output());
+    match found {
+        Ok(out) if out.status.success() => Ok(()),
+        _ => bail!(
+            "the test cluster is built from Go modules: install Go >= 1.26 (e.g. /usr/local/go/bin/go)"
+        ),
+    }
+}
+
+/// `cluster.sh up`: builds (once per version), starts, waits for the node; returns the
+/// kubeconfig path.
+pub fn up() -> Result<PathBuf> {
+    ensure_go()?;
+    eprintln!("$ testenv/k8s/cluster.sh up");
+    let out = script("cluster.sh")
+        .arg("up")
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    if !out.status.success() {
+        bail!(
+            "cluster.sh up failed ({}); logs in {}/logs",
+            out.status,
+            state_dir().display()
+        );
+    }
+    let kubeconfig = stdout
+        .lines()
+        .last()
+        .context("cluster.sh up printed no kubeconfig path")?
+        .trim();
+    Ok(PathBuf::from(kubeconfig))
+}
+
+/// `cluster.sh down|status`.
+pub fn run(subcommand: &str) -> Result<()> {
+    let status = script("cluster.sh").arg(subcommand).status()?;
+    if !status.success() {
+        bail!("cluster.sh {subcommand}: {status}");
+    }
+    Ok(())
+}
+
+/// The smoke test of the cluster itself, with the stock kubectl.
+pub fn smoke(kubeconfig: &Path) -> Result<()> {
+    eprintln!("$ testenv/k8s/smoke.sh");
+    let status = script("smoke.sh").arg(kubeconfig).status()?;
+    if !status.success() {
+        bail!("the cluster smoke test failed: {status}");
+    }
+    Ok(())
+}
+
+/// Fails if the cluster holds any pod, Secret or ConfigMap made by the library.
+pub fn assert_no_leftovers(kubeconfig: &Path) -> Result<()> {
+    let kubectl = std::fs::read_dir(state_dir().join("bin"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("kubectl"))
+        .find(|p| p.exists())
+        .context("no kubectl built under the state dir")?;
+    let out = Command::new(kubectl)
+        .args(["--kubeconfig"])
+        .arg(kubeconfig)
+        .args([
+            "get",
+            "pods,secrets,configmaps",
+            "--all-namespaces",
+            "-l",
+            "sandbox.dev/managed-by",
+            "-o",
+            "name",
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "kubectl get failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let left = String::from_utf8_lossy(&out.stdout);
+    if !left.trim().is_empty() {
+        bail!("the tests left objects in the cluster:\n{left}");
+    }
+    eprintln!("no pod, Secret or ConfigMap labelled sandbox.dev/managed-by is left in the cluster");
+    Ok(())
+}
