@@ -118,3 +118,86 @@ pub fn assert_no_leftovers(kubeconfig: &Path) -> Result<()> {
     eprintln!("no pod, Secret or ConfigMap labelled sandbox.dev/managed-by is left in the cluster");
     Ok(())
 }
+
+/// The namespace the suite runs in under the driver's RBAC Role.
+pub const TEST_NAMESPACE: &str = "sandbox-conformance";
+
+fn kubectl(kubeconfig: &Path) -> Result<Command> {
+    let bin = std::fs::read_dir(state_dir().join("bin"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("kubectl"))
+        .find(|p| p.exists())
+        .context("no kubectl built under the state dir")?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("--kubeconfig").arg(kubeconfig);
+    Ok(cmd)
+}
+
+fn output(mut cmd: Command, stdin: Option<&[u8]>) -> Result<String> {
+    use std::io::Write;
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
+    let mut child = cmd.spawn()?;
+    if let Some(data) = stdin {
+        child.stdin.take().expect("piped").write_all(data)?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// A kubeconfig for a ServiceAccount bound to exactly `sandbox-k8s/deploy/rbac.yaml`, in
+/// [`TEST_NAMESPACE`]: the suite runs with the permissions the README documents.
+pub fn restricted_kubeconfig(admin: &Path) -> Result<PathBuf> {
+    let ns_yaml = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {TEST_NAMESPACE}\n");
+    let mut apply = kubectl(admin)?;
+    apply.args(["apply", "-f", "-"]);
+    output(apply, Some(ns_yaml.as_bytes()))?;
+    let mut apply = kubectl(admin)?;
+    apply
+        .args(["apply", "-n", TEST_NAMESPACE, "-f"])
+        .arg(repo().join("sandbox-k8s/deploy/rbac.yaml"));
+    output(apply, None)?;
+    let mut token = kubectl(admin)?;
+    token.args([
+        "create",
+        "token",
+        "sandbox-driver",
+        "-n",
+        TEST_NAMESPACE,
+        "--duration",
+        "2h",
+    ]);
+    let token = output(token, None)?;
+    let field = |path: &str| -> Result<String> {
+        let mut view = kubectl(admin)?;
+        view.args([
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            &format!("jsonpath={{{path}}}"),
+        ]);
+        output(view, None)
+    };
+    let server = field(".clusters[0].cluster.server")?;
+    let ca = field(".clusters[0].cluster.certificate-authority-data")?;
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: sandbox-driver\n  user:\n    token: {}\ncontexts:\n- name: sandbox-driver\n  context:\n    cluster: test\n    user: sandbox-driver\n    namespace: {TEST_NAMESPACE}\n\
+         current-context: sandbox-driver\n",
+        token.trim()
+    );
+    let path = state_dir().join("sandbox-driver.kubeconfig");
+    std::fs::write(&path, text)?;
+    eprintln!(
+        "the suite runs as ServiceAccount {TEST_NAMESPACE}/sandbox-driver with sandbox-k8s/deploy/rbac.yaml"
+    );
+    Ok(path)
+}

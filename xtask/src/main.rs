@@ -123,14 +123,15 @@ fn main() -> Result<()> {
 }
 
 /// The cluster smoke test, the suite on the `k8s` driver, and the leftover check.
-fn k8s_tests(kubeconfig: &std::path::Path) -> Result<()> {
-    k8s::smoke(kubeconfig)?;
-    let kubeconfig = kubeconfig.to_str().context("a UTF-8 kubeconfig path")?;
+fn k8s_tests(admin: &std::path::Path) -> Result<()> {
+    k8s::smoke(admin)?;
+    let restricted = k8s::restricted_kubeconfig(admin)?;
+    let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
     cargo(
         &["test", "-p", "sandbox-conformance", "--test", "conformance"],
-        &[("SANDBOX_TEST", "k8s"), ("KUBECONFIG", kubeconfig)],
+        &[("SANDBOX_TEST", "k8s"), ("KUBECONFIG", restricted)],
     )?;
-    k8s::assert_no_leftovers(std::path::Path::new(kubeconfig))
+    k8s::assert_no_leftovers(admin)
 }
 
 fn conformance(driver: &str, package: &str, args: &[String]) -> Result<()> {
