@@ -2,7 +2,14 @@
 //! signal). Kubernetes exec has no env or working directory: a fixed wrapper in argv
 //! reads them from stdin as a small shell header, so env values never reach the exec
 //! URL (and so audit logs); the rest of stdin is the command's.
+//!
+//! The wrapper runs the command as its child and, when it exits, writes a trailer with
+//! the exit code to stderr (`\0\0sbx-exit:<exec id>:<code>\0`). The driver strips it and
+//! reports the code at once: on containerd a background child that keeps stdout open
+//! would otherwise hold the exec open until it exits (kubernetes#92057). Output that
+//! follows the trailer is still read for [`AFTER_EXIT_BOUND`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -60,10 +67,13 @@ pub fn header(spec: &ExecSpec, marker: &str) -> String {
         ));
     }
     if odd_names.is_empty() {
-        script.push_str("exec \"$@\"\n");
+        script.push_str("\"$@\"\n");
     } else {
-        script.push_str(&format!("exec env {} \"$@\"\n", odd_names.join(" ")));
+        script.push_str(&format!("env {} \"$@\"\n", odd_names.join(" ")));
     }
+    script.push_str(&format!(
+        "rc=$?\nprintf '\\000\\000sbx-exit:{marker}:%d\\000' \"$rc\" >&2\nexit \"$rc\"\n"
+    ));
     format!("{}\n{script}", script.len())
 }
 
@@ -117,11 +127,14 @@ pub async fn start(pods: &Api<Pod>, name: &str, spec: ExecSpec) -> Result<ExecSt
         ReaderStream::with_capacity(stderr, STREAM_BUF).map(|r| r.map(OutputChunk::Stderr)),
     )
     .boxed();
+    let exit_code = Arc::new(std::sync::Mutex::new(None));
+    let output = strip_trailer(output, Trailer::new(&marker), exit_code.clone());
     let status = process.take_status();
     let control = K8sExec {
         pods: pods.clone(),
         pod: name.to_string(),
         marker,
+        exit_code,
         status: Mutex::new(status.map(|f| Box::pin(f) as StatusFuture)),
         process: Mutex::new(Some(process)),
     };
@@ -164,6 +177,8 @@ struct K8sExec {
     pods: Api<Pod>,
     pod: String,
     marker: String,
+    /// The code from the wrapper's trailer, once seen.
+    exit_code: Arc<std::sync::Mutex<Option<i64>>>,
     status: Mutex<Option<StatusFuture>>,
     /// Kept alive until the status is read: dropping it aborts the websocket task.
     process: Mutex<Option<AttachedProcess>>,
@@ -175,6 +190,12 @@ const STATUS_WAIT: Duration = Duration::from_secs(10);
 #[async_trait]
 impl ExecControl for K8sExec {
     async fn status(&self) -> Result<ExitStatus> {
+        let trailer_code = *self.exit_code.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(code) = trailer_code {
+            // The command exited; the websocket may stay open for a background child.
+            self.process.lock().await.take();
+            return Ok(ExitStatus::from_code(code));
+        }
         let Some(fut) = self.status.lock().await.take() else {
             return Ok(ExitStatus::TransportLost(
                 "the status was already read".into(),
@@ -204,6 +225,123 @@ impl ExecControl for K8sExec {
             )
         }
     }
+}
+
+/// How long output is still read after the command exited (its trailer arrived), for
+/// what background children or buffered pipes still deliver.
+pub const AFTER_EXIT_BOUND: Duration = Duration::from_secs(2);
+
+type Output = futures::stream::BoxStream<'static, std::io::Result<OutputChunk>>;
+
+/// Forwards `output` with the trailer removed from stderr, records its exit code, and ends
+/// at most [`AFTER_EXIT_BOUND`] after the trailer.
+fn strip_trailer(
+    mut output: Output,
+    mut trailer: Trailer,
+    exit_code: Arc<std::sync::Mutex<Option<i64>>>,
+) -> Output {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<OutputChunk>>(4);
+    tokio::spawn(async move {
+        let mut deadline: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match deadline {
+                None => output.next().await,
+                Some(d) => match tokio::time::timeout_at(d, output.next()).await {
+                    Ok(n) => n,
+                    Err(_) => break,
+                },
+            };
+            let item = match next {
+                None => break,
+                Some(Ok(OutputChunk::Stderr(b))) => {
+                    let (forward, code) = trailer.scan(&b);
+                    if let Some(code) = code {
+                        *exit_code.lock().unwrap_or_else(|p| p.into_inner()) = Some(code);
+                        deadline = Some(tokio::time::Instant::now() + AFTER_EXIT_BOUND);
+                    }
+                    if forward.is_empty() {
+                        continue;
+                    }
+                    Ok(OutputChunk::Stderr(forward.into()))
+                }
+                Some(other) => other,
+            };
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+        let rest = trailer.flush();
+        if !rest.is_empty() {
+            let _ = tx.send(Ok(OutputChunk::Stderr(rest.into()))).await;
+        }
+    });
+    tokio_stream_from(rx)
+}
+
+fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<std::io::Result<OutputChunk>>) -> Output {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
+/// Finds and removes `\0\0sbx-exit:<marker>:<code>\0` in a byte stream split in chunks.
+#[derive(Debug)]
+pub struct Trailer {
+    prefix: Vec<u8>,
+    held: Vec<u8>,
+    done: bool,
+}
+
+impl Trailer {
+    /// A scanner for the trailer of the exec with this marker.
+    pub fn new(marker: &str) -> Trailer {
+        Trailer {
+            prefix: format!("\0\0sbx-exit:{marker}:").into_bytes(),
+            held: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// Takes the next chunk; returns the bytes to pass on and the code once complete.
+    pub fn scan(&mut self, chunk: &[u8]) -> (Vec<u8>, Option<i64>) {
+        if self.done {
+            return (chunk.to_vec(), None);
+        }
+        let mut data = std::mem::take(&mut self.held);
+        data.extend_from_slice(chunk);
+        if let Some(start) = find(&data, &self.prefix) {
+            let digits_at = start + self.prefix.len();
+            let Some(end) = data[digits_at..].iter().position(|b| *b == 0) else {
+                self.held = data[start..].to_vec();
+                return (data[..start].to_vec(), None);
+            };
+            let code = std::str::from_utf8(&data[digits_at..digits_at + end])
+                .ok()
+                .and_then(|d| d.parse().ok());
+            if code.is_some() {
+                self.done = true;
+                let mut forward = data[..start].to_vec();
+                forward.extend_from_slice(&data[digits_at + end + 1..]);
+                return (forward, code);
+            }
+            // Not a well-formed trailer: pass it on as output.
+            return (data, None);
+        }
+        // Hold back a tail that could be the start of the trailer.
+        let keep = (1..self.prefix.len().min(data.len() + 1))
+            .rev()
+            .find(|&n| data.ends_with(&self.prefix[..n]))
+            .unwrap_or(0);
+        self.held = data.split_off(data.len() - keep);
+        (data, None)
+    }
+
+    /// What is still held back, at the end of the stream.
+    pub fn flush(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Reads the exit code from the status channel's `Status`: `Success`, or `Failure` with
@@ -248,6 +386,27 @@ mod tests {
         let (len, script) = h.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), script.len());
         insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn the_trailer_is_found_across_chunks_and_removed() {
+        let whole = b"err1\0\0sbx-exit:m1:137\0late".to_vec();
+        for split in 0..whole.len() {
+            let mut t = Trailer::new("m1");
+            let (mut out, mut code) = t.scan(&whole[..split]);
+            let (more, c2) = t.scan(&whole[split..]);
+            out.extend(more);
+            code = code.or(c2);
+            out.extend(t.flush());
+            assert_eq!(code, Some(137), "split at {split}");
+            assert_eq!(out, b"err1late", "split at {split}");
+        }
+        let mut t = Trailer::new("m1");
+        let (out, code) = t.scan(b"\0\0sbx-exit:other:1\0 and \0\0sbx");
+        assert_eq!(code, None);
+        let mut all = out;
+        all.extend(t.flush());
+        assert_eq!(all, b"\0\0sbx-exit:other:1\0 and \0\0sbx");
     }
 
     #[test]

@@ -85,7 +85,7 @@ build_binaries() {
     local t0=$SECONDS
     rm -rf "$node_bin"
     mkdir -p "$node_bin"
-    if ! (cd "$here/node" && CGO_ENABLED=0 GOFLAGS=-mod=readonly "$GO" build -trimpath -ldflags "-s -w" \
+    if ! (cd "$here/node" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" "$GO" build -trimpath -ldflags "-s -w" \
           -o "$node_bin/sandbox-node" .) >"$logs/build-node.log" 2>&1; then
       tail -n 30 "$logs/build-node.log" >&2
       die "sandbox-node build failed"

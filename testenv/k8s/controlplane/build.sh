@@ -4,7 +4,7 @@
 set -euo pipefail
 out=${1:?usage: build.sh OUT_DIR}
 cd "$(dirname "$0")"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 mkdir -p "$out"
 # Stamp the release version the way Kubernetes' hack/lib/version.sh does, so that

@@ -100,6 +100,11 @@ func run(ctx context.Context, o options) error {
 		capacity[name] = q
 	}
 
+	// nodeutil.NewNode builds a default client from $KUBECONFIG before applying
+	// options; point it at our kubeconfig so it does not warn about in-cluster config.
+	if o.kubeconfig != "" {
+		os.Setenv("KUBECONFIG", o.kubeconfig)
+	}
 	clientset, err := nodeutil.ClientsetFromEnv(o.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
