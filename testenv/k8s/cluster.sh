@@ -13,6 +13,7 @@
 # Environment:
 #   SANDBOX_K8S_STATE   state dir (default: <repo>/target/k8s)
 #   SANDBOX_K8S_API_PORT  kube-apiserver port (default 6443)
+#   SANDBOX_K8S_READY_TIMEOUT  seconds to wait for the node (default 180)
 #   GO                  go binary (default: go in PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
@@ -55,7 +56,7 @@ node_key() {
 }
 
 # prune_bins PREFIX KEEP: drop binaries of other versions (running processes from
-# them are restarted by `start`, which compares binary paths).
+# them are restarted by `start`, which compares command lines).
 prune_bins() {
   local d
   for d in "$state/bin/$1"*; do
@@ -115,23 +116,30 @@ sign() {
   rm -f "$pki/$name.csr" "$ext"
 }
 
+# make_pki creates whatever is missing (so certificates added later appear without
+# invalidating the CA of an existing cluster).
 make_pki() {
-  [[ -f $pki/.complete ]] && return
-  log "generating certificates in $pki"
-  rm -rf "$pki"
   mkdir -p "$pki"
   chmod 700 "$pki"
-  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 3650 \
-    -subj "/CN=sandbox-k8s-ca" -addext "basicConstraints=critical,CA:TRUE" \
-    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
-  sign apiserver "/CN=kube-apiserver" \
+  if [[ ! -f $pki/ca.crt ]]; then
+    log "generating certificates in $pki"
+    rm -f "$pki"/*.crt "$pki"/*.key
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 3650 \
+      -subj "/CN=sandbox-k8s-ca" -addext "basicConstraints=critical,CA:TRUE" \
+      -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+  fi
+  [[ -f $pki/apiserver.crt ]] || sign apiserver "/CN=kube-apiserver" \
     "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
     serverAuth
-  sign admin "/O=system:masters/CN=kubernetes-admin"
-  sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
-  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
-  touch "$pki/.complete"
+  [[ -f $pki/admin.crt ]] || sign admin "/O=system:masters/CN=kubernetes-admin"
+  [[ -f $pki/apiserver-kubelet-client.crt ]] || sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  # Aggregation-layer (front proxy) identity; also gives the controller manager and
+  # the scheduler the request-header CA their delegated authentication looks for.
+  [[ -f $pki/front-proxy-client.crt ]] || sign front-proxy-client "/CN=front-proxy-client"
+  if [[ ! -f $pki/sa.pub ]]; then
+    openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+    openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  fi
 }
 
 make_kubeconfig() {
@@ -175,14 +183,16 @@ start() {
   local name=$1 bin=$2
   shift 2
   if running "$name"; then
-    local current
-    current=$(tr '\0' '\n' <"/proc/$(pid_of "$name")/cmdline" | head -n 1)
-    [[ $current == "$bin" ]] && return
-    log "restarting $name: binary changed ($current -> $bin)"
+    # Keep it only if it runs exactly this binary with exactly these arguments.
+    local current wanted
+    current=$(sha256sum <"/proc/$(pid_of "$name")/cmdline")
+    wanted=$(printf '%s\0' "$bin" "$@" | sha256sum)
+    [[ $current == "$wanted" ]] && return
+    log "restarting $name: binary or flags changed"
     stop_component "$name"
   fi
   [[ -x $bin ]] || die "missing binary $bin"
-  setsid nohup "$bin" "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  setsid nohup "$bin" "$@" >"$logs/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$run/$name.pid"
   log "started $name (pid $!)"
 }
@@ -250,6 +260,10 @@ cmd_up() {
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types InternalIP \
+    --requestheader-client-ca-file "$pki/ca.crt" --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
     --allow-privileged=true --profiling=false \
     --cert-dir "$run/apiserver-certs"
   wait_for kube-apiserver 120 "apiserver /readyz" kubectl get --raw /readyz
@@ -342,9 +356,16 @@ cmd_status() {
   return $up
 }
 
+# One `up`/`down` at a time per state dir (fd 9 is not inherited by the daemons).
+lock() {
+  mkdir -p "$state"
+  exec 9>"$state/.lock"
+  flock 9
+}
+
 case ${1:-} in
-up) cmd_up ;;
-down) cmd_down ;;
+up) lock && cmd_up ;;
+down) lock && cmd_down ;;
 status) cmd_status ;;
 *)
   echo "usage: $0 up|down|status" >&2
