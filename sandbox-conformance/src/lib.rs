@@ -170,3 +170,9 @@ pub async fn sh_stdout(run: &dyn Run, script: &str) -> anyhow::Result<String> {
         .with_context(|| format!("running {script:?}"))?;
     Ok(out.stdout_str().trim_end().to_string())
 }
+
+/// The README's Rust examples, compiled as doctests (with the drivers as dev-dependencies)
+/// so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

@@ -438,8 +438,3 @@ impl Run for DockerRun {
         remove_container(&self.docker, &self.id).await
     }
 }
-
-/// The README's Rust examples, compiled as doctests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
