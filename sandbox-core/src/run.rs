@@ -76,26 +76,8 @@ pub trait RunExt: Run {
     /// Writes one file (parent directory must exist) with `mode`.
     async fn put_file(&self, path: &str, contents: &[u8], mode: u32) -> Result<()> {
         let (dir, name) = split_path(path)?;
-        let mut header = tar::Header::new_gnu();
-        header.set_size(contents.len() as u64);
-        header.set_mode(mode);
-        header.set_mtime(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        );
-        header.set_entry_type(tar::EntryType::Regular);
-        let mut builder = tar::Builder::new(Vec::new());
-        builder
-            .append_data(&mut header, name, contents)
-            .map_err(|e| {
-                Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e)
-            })?;
-        let tar = builder.into_inner().map_err(|e| {
-            Error::new(ErrorKind::Backend, "could not build the tar archive").with_source(e)
-        })?;
-        self.put_archive(dir, tar.into()).await
+        self.put_archive(dir, tar_of_files(&[(name, contents, mode)])?.into())
+            .await
     }
 
     /// Reads one regular file.
@@ -122,6 +104,56 @@ pub trait RunExt: Run {
 }
 
 impl<T: Run + ?Sized> RunExt for T {}
+
+/// A tar archive of regular files: `(path inside the archive, contents, mode)`.
+pub fn tar_of_files(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
+    let bad = |e: std::io::Error| {
+        Error::new(ErrorKind::Backend, "could not build a tar archive").with_source(e)
+    };
+    let mtime = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, contents, mode) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(contents.len() as u64);
+        header.set_mode(*mode);
+        header.set_mtime(mtime);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path.trim_start_matches('/'), *contents)
+            .map_err(bad)?;
+    }
+    builder.into_inner().map_err(bad)
+}
+
+/// Runs the spec's post-create commands in order, with the run's env and directory.
+/// The first failure is [`ErrorKind::PostCreateFailed`] with its status and the tails of
+/// its output; the caller then removes the run.
+pub async fn run_post_create(run: &dyn Run, spec: &RunSpec) -> Result<()> {
+    const TAIL: usize = 4096;
+    let tail = |b: &[u8]| String::from_utf8_lossy(&b[b.len().saturating_sub(TAIL)..]).into_owned();
+    for (i, argv) in spec.post_create.iter().enumerate() {
+        let out = run
+            .exec(ExecSpec {
+                argv: argv.clone(),
+                ..Default::default()
+            })
+            .await?;
+        if !out.status.success() {
+            return Err(Error::new(
+                ErrorKind::PostCreateFailed,
+                format!("post_create[{i}] ({}) {}", argv[0], out.status),
+            )
+            .with("run", run.id())
+            .with("status", &out.status)
+            .with("stdout", tail(&out.stdout))
+            .with("stderr", tail(&out.stderr)));
+        }
+    }
+    Ok(())
+}
 
 fn split_path(path: &str) -> Result<(&str, &str)> {
     let bad = || Error::invalid_spec("path", format!("{path:?} must be an absolute file path"));

@@ -28,7 +28,7 @@ use futures::TryStreamExt;
 use sandbox_core::labels::{self, Owner};
 use sandbox_core::{
     Capabilities, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream, PullPolicy, Result,
-    Run, RunExt, RunInfo, RunSpec, ca,
+    Run, RunInfo, RunSpec, ca,
 };
 
 pub use body::{KEEPALIVE, container_body};
@@ -160,28 +160,7 @@ impl DockerDriver {
             .await
             .map_err(|e| error::map("start container", e).with("run", id))?;
         let run = DockerRun::new(self.docker.clone(), id.to_string());
-        for (i, argv) in spec.post_create.iter().enumerate() {
-            let out = run
-                .exec(ExecSpec {
-                    argv: argv.clone(),
-                    ..Default::default()
-                })
-                .await?;
-            if !out.status.success() {
-                let tail = |b: &[u8]| {
-                    String::from_utf8_lossy(&b[b.len().saturating_sub(4096)..]).into_owned()
-                };
-                return Err(Error::new(
-                    ErrorKind::PostCreateFailed,
-                    format!("post_create[{i}] ({}) {}", argv[0], out.status),
-                )
-                .with("run", id)
-                .with("status", &out.status)
-                .with("stdout", tail(&out.stdout))
-                .with("stderr", tail(&out.stderr)));
-            }
-        }
-        Ok(())
+        sandbox_core::run_post_create(&run, spec).await
     }
 
     /// Writes the CA files into the created (not yet started) container: the injected
@@ -204,21 +183,11 @@ impl DockerDriver {
             files.push((path.to_string(), bundle));
             files.push((ca::SYSTEM_EXTRA_DIR_FILE.into(), injected.to_string()));
         }
-        let mut builder = tar::Builder::new(Vec::new());
-        for (path, text) in &files {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(text.len() as u64);
-            header.set_mode(0o644);
-            header.set_entry_type(tar::EntryType::Regular);
-            builder
-                .append_data(&mut header, path.trim_start_matches('/'), text.as_bytes())
-                .map_err(|e| {
-                    Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e)
-                })?;
-        }
-        let tar = builder.into_inner().map_err(|e| {
-            Error::new(ErrorKind::Backend, "could not build the CA archive").with_source(e)
-        })?;
+        let entries: Vec<(&str, &[u8], u32)> = files
+            .iter()
+            .map(|(path, text)| (path.as_str(), text.as_bytes(), 0o644))
+            .collect();
+        let tar = sandbox_core::tar_of_files(&entries)?;
         put_archive(&self.docker, id, "/", tar.into()).await
     }
 

@@ -306,28 +306,7 @@ impl K8sDriver {
             run.put_archive(&spec.workspace.path, tar_dir(dir)?.into())
                 .await?;
         }
-        for (i, argv) in spec.post_create.iter().enumerate() {
-            let out = run
-                .exec(ExecSpec {
-                    argv: argv.clone(),
-                    ..Default::default()
-                })
-                .await?;
-            if !out.status.success() {
-                let tail = |b: &[u8]| {
-                    String::from_utf8_lossy(&b[b.len().saturating_sub(4096)..]).into_owned()
-                };
-                return Err(Error::new(
-                    ErrorKind::PostCreateFailed,
-                    format!("post_create[{i}] ({}) {}", argv[0], out.status),
-                )
-                .with("run", id)
-                .with("status", &out.status)
-                .with("stdout", tail(&out.stdout))
-                .with("stderr", tail(&out.stderr)));
-            }
-        }
-        Ok(())
+        sandbox_core::run_post_create(&run, spec).await
     }
 }
 

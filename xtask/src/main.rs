@@ -78,7 +78,12 @@ fn main() -> Result<()> {
         } => {
             engine::ensure_docker()?;
             images::build()?;
-            conformance(&driver, &package, &args)
+            let mut env = Vec::new();
+            if driver == "k8s" && std::env::var_os("KUBECONFIG").is_none() {
+                // No cluster named: use (and if needed start) the local test cluster.
+                env.push(("KUBECONFIG", k8s::up()?.to_string_lossy().into_owned()));
+            }
+            conformance(&driver, &package, &args, &env)
         }
         Task::K8s { action } => {
             if action == "up" {
@@ -108,9 +113,9 @@ fn main() -> Result<()> {
                 &[],
             )?;
             cargo(&["test", "--workspace", "--quiet"], &[])?;
-            conformance("docker", "sandbox-conformance", &[])?;
+            conformance("docker", "sandbox-conformance", &[], &[])?;
             // The example third-party driver, from its own crate.
-            conformance("audit", "sandbox-driver-audit", &[])?;
+            conformance("audit", "sandbox-driver-audit", &[], &[])?;
             let kubeconfig = k8s::up()?;
             let k8s_result = k8s_tests(&kubeconfig);
             if !keep_cluster {
@@ -127,17 +132,21 @@ fn k8s_tests(admin: &std::path::Path) -> Result<()> {
     k8s::smoke(admin)?;
     let restricted = k8s::restricted_kubeconfig(admin)?;
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
-    cargo(
-        &["test", "-p", "sandbox-conformance", "--test", "conformance"],
-        &[("SANDBOX_TEST", "k8s"), ("KUBECONFIG", restricted)],
+    conformance(
+        "k8s",
+        "sandbox-conformance",
+        &[],
+        &[("KUBECONFIG", restricted.into())],
     )?;
     k8s::assert_no_leftovers(admin)
 }
 
-fn conformance(driver: &str, package: &str, args: &[String]) -> Result<()> {
+fn conformance(driver: &str, package: &str, args: &[String], env: &[(&str, String)]) -> Result<()> {
     let mut argv = vec!["test", "-p", package, "--test", "conformance", "--"];
     argv.extend(args.iter().map(String::as_str));
-    cargo(&argv, &[("SANDBOX_TEST", driver)])
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("SANDBOX_TEST", driver));
+    cargo(&argv, &env)
 }
 
 /// Runs cargo with the same toolchain as this xtask.
