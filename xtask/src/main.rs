@@ -22,6 +22,8 @@ struct Cli {
 enum Task {
     /// Start a run, exec into it several times, show workspace and env persisting, stop it.
     Demo,
+    /// Measure exec into a long-lived run against a fresh container per call (ratio).
+    Bench,
     /// Build the local test images (no registry needed).
     TestImages,
     /// Run the shared conformance suite against a driver.
@@ -63,6 +65,22 @@ fn main() -> Result<()> {
                     "sandbox-docker",
                     "--example",
                     "demo",
+                ],
+                &[],
+            )
+        }
+        Task::Bench => {
+            engine::ensure_docker()?;
+            images::build()?;
+            cargo(
+                &[
+                    "run",
+                    "--quiet",
+                    "--release",
+                    "-p",
+                    "sandbox-docker",
+                    "--example",
+                    "bench",
                 ],
                 &[],
             )
