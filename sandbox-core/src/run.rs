@@ -105,6 +105,58 @@ pub trait RunExt: Run {
 
 impl<T: Run + ?Sized> RunExt for T {}
 
+/// Removes a half-created run when the future of [`Driver::create`] is dropped (cancelled)
+/// before it finished. Drivers arm it before their first backend call and disarm it once
+/// the run is handed out; the cleanup runs on the current Tokio runtime.
+pub struct CreateGuard {
+    cleanup: Option<futures::future::BoxFuture<'static, ()>>,
+}
+
+impl CreateGuard {
+    /// Arms the guard. `remove` must be idempotent; it runs twice, two seconds apart, so a
+    /// create request that was still in flight when the future was dropped is caught too.
+    pub fn new<F, Fut>(remove: F) -> CreateGuard
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        let cleanup = async move {
+            for attempt in 0..2 {
+                if attempt > 0 {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                if let Err(e) = remove().await {
+                    tracing::error!("could not remove a cancelled run: {e}");
+                }
+            }
+        };
+        CreateGuard {
+            cleanup: Some(Box::pin(cleanup)),
+        }
+    }
+
+    /// The run was handed out (or removed on an error path): nothing to clean up.
+    pub fn disarm(mut self) {
+        self.cleanup = None;
+    }
+}
+
+impl Drop for CreateGuard {
+    fn drop(&mut self) {
+        let Some(cleanup) = self.cleanup.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(cleanup);
+            }
+            Err(_) => {
+                tracing::error!("a run creation was cancelled outside a Tokio runtime: call reap")
+            }
+        }
+    }
+}
+
 /// A tar archive of regular files: `(path inside the archive, contents, mode)`.
 pub fn tar_of_files(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
     let bad = |e: std::io::Error| {

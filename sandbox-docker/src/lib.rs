@@ -27,8 +27,8 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use sandbox_core::labels::{self, Owner};
 use sandbox_core::{
-    Capabilities, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream, PullPolicy, Result,
-    Run, RunInfo, RunSpec, ca,
+    Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream,
+    PullPolicy, Result, Run, RunInfo, RunSpec, ca,
 };
 
 pub use body::{KEEPALIVE, container_body};
@@ -249,16 +249,26 @@ impl Driver for DockerDriver {
         let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
         let body = container_body(spec, &labels);
         let options = CreateContainerOptionsBuilder::default().name(&id).build();
-        self.docker
-            .create_container(Some(options), body)
-            .await
-            .map_err(|e| error::map("create container", e).with("image", &spec.image))?;
+        // If the caller drops this future from here on, the guard removes the container.
+        let guard = {
+            let (docker, id) = (self.docker.clone(), id.clone());
+            CreateGuard::new(move || {
+                let (docker, id) = (docker.clone(), id.clone());
+                async move { remove_container(&docker, &id).await }
+            })
+        };
+        if let Err(e) = self.docker.create_container(Some(options), body).await {
+            guard.disarm();
+            return Err(error::map("create container", e).with("image", &spec.image));
+        }
         if let Err(e) = self.set_up(&id, spec).await {
             if let Err(cleanup) = self.remove(&id).await {
                 tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
             }
+            guard.disarm();
             return Err(e);
         }
+        guard.disarm();
         tracing::debug!(run = %id, image = %spec.image, "run started");
         Ok(Box::new(DockerRun::new(self.docker.clone(), id)))
     }

@@ -26,8 +26,8 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use sandbox_core::labels::{self, Owner};
 use sandbox_core::{
-    Capabilities, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream, Result, Run,
-    RunExt, RunInfo, RunSpec,
+    Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream,
+    Result, Run, RunExt, RunInfo, RunSpec,
 };
 
 pub use exec::{WRAPPER, header, sh_quote};
@@ -445,16 +445,25 @@ impl Driver for K8sDriver {
         let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
         let (pod, secret) =
             run_objects(spec, &id, &self.namespace, &labels, &self.config.template)?;
-        if let Some(secret) = &secret {
-            self.secrets()
-                .create(&PostParams::default(), secret)
-                .await
-                .map_err(|e| error::map("create CA secret", e).with("run", &id))?;
+        // If the caller drops this future from here on, the guard removes what exists.
+        let guard = {
+            let (driver, id) = (self.clone(), id.clone());
+            CreateGuard::new(move || {
+                let (driver, id) = (driver.clone(), id.clone());
+                async move { driver.remove(&id).await }
+            })
+        };
+        if let Some(secret) = &secret
+            && let Err(e) = self.secrets().create(&PostParams::default(), secret).await
+        {
+            guard.disarm();
+            return Err(error::map("create CA secret", e).with("run", &id));
         }
         let created = match self.pods().create(&PostParams::default(), &pod).await {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.remove(&id).await;
+                guard.disarm();
                 return Err(error::map("create pod", e)
                     .with("run", &id)
                     .with("image", &spec.image));
@@ -465,8 +474,10 @@ impl Driver for K8sDriver {
             if let Err(cleanup) = self.remove(&id).await {
                 tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
             }
+            guard.disarm();
             return Err(e);
         }
+        guard.disarm();
         tracing::debug!(run = %id, image = %spec.image, "run started");
         Ok(Box::new(self.run(
             &id,

@@ -179,3 +179,29 @@ pub async fn attach_sees_the_same_run(cx: &Context) -> anyhow::Result<()> {
     run.stop().await?;
     Ok(())
 }
+
+/// Dropping the future of `create` at any point (cancellation) leaves nothing behind.
+pub async fn cancelled_create_leaves_nothing(cx: &Context) -> anyhow::Result<()> {
+    let spec = cx.spec().post_create(["sleep", "0.2"]);
+    for delay_ms in [5, 50, 150, 300, 600, 1200] {
+        if let Ok(run) =
+            tokio::time::timeout(Duration::from_millis(delay_ms), cx.driver.create(&spec)).await
+        {
+            run?.stop().await?;
+        }
+    }
+    // The cleanup of a cancelled create runs in the background, twice, 2 s apart.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = cx.driver.list(&cx.case_selector()).await?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "cancelled creates left {:?}",
+            left.iter().map(|r| &r.id).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

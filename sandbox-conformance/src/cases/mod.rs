@@ -55,6 +55,7 @@ pub static CASES: &[Case] = &[
     case!(stop_is_idempotent_and_leaves_nothing),
     case!(dropped_guard_cleans_up),
     case!(guard_cleans_up_on_panic),
+    case!(cancelled_create_leaves_nothing),
     case!(attach_sees_the_same_run, |c| c.attach),
     case!(removed_target_is_run_lost),
     case!(timeout_kills_the_process_tree),
