@@ -414,10 +414,14 @@ async fn pump(
     drop(output);
     let status = match end {
         End::Eof => tokio::select! {
-            s = control.status() => match s {
-                Ok(s) => s,
-                Err(e) => ExitStatus::TransportLost(e.to_string()),
-            },
+            s = control.status() => {
+                let status = s.unwrap_or_else(|e| ExitStatus::TransportLost(e.to_string()));
+                if matches!(status, ExitStatus::TransportLost(_)) {
+                    // The process may still run: kill it where it is still reachable.
+                    kill(&*control).await;
+                }
+                status
+            }
             _ = sleep_until(deadline) => {
                 kill(&*control).await;
                 ExitStatus::TimedOut
@@ -444,9 +448,14 @@ async fn pump(
     let _ = status_tx.send(status);
 }
 
+/// How long a kill may take before the exec's status is reported anyway.
+pub const KILL_BOUND: Duration = Duration::from_secs(10);
+
 async fn kill(control: &dyn ExecControl) {
-    if let Err(e) = control.kill().await {
-        tracing::warn!("could not kill the exec's processes: {e}");
+    match tokio::time::timeout(KILL_BOUND, control.kill()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("could not kill the exec's processes: {e}"),
+        Err(_) => tracing::warn!("killing the exec's processes took over {KILL_BOUND:?}; gave up"),
     }
 }
 

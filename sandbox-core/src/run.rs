@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -9,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
@@ -106,53 +108,65 @@ pub trait RunExt: Run {
 impl<T: Run + ?Sized> RunExt for T {}
 
 /// Removes a half-created run when the future of [`Driver::create`] is dropped (cancelled)
-/// before it finished. Drivers arm it before their first backend call and disarm it once
-/// the run is handed out; the cleanup runs on the current Tokio runtime.
+/// before it finished, and lets [`stop_runs_on_signal`] remove it too. Drivers arm it
+/// before their first backend call and disarm it once the run is handed out (or removed
+/// on an error path).
 pub struct CreateGuard {
-    cleanup: Option<futures::future::BoxFuture<'static, ()>>,
+    remove: Option<Remover>,
+    key: u64,
 }
 
 impl CreateGuard {
-    /// Arms the guard. `remove` must be idempotent; it runs twice, two seconds apart, so a
-    /// create request that was still in flight when the future was dropped is caught too.
+    /// Arms the guard with an idempotent removal of everything the create may make.
     pub fn new<F, Fut>(remove: F) -> CreateGuard
     where
-        F: Fn() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        let cleanup = async move {
-            for attempt in 0..2 {
-                if attempt > 0 {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-                if let Err(e) = remove().await {
-                    tracing::error!("could not remove a cancelled run: {e}");
-                }
-            }
-        };
+        let remove: Remover = Arc::new(move || Box::pin(remove()));
+        let key = register(Guarded::Creating(remove.clone()));
         CreateGuard {
-            cleanup: Some(Box::pin(cleanup)),
+            remove: Some(remove),
+            key,
         }
     }
 
     /// The run was handed out (or removed on an error path): nothing to clean up.
     pub fn disarm(mut self) {
-        self.cleanup = None;
+        guarded().remove(&self.key);
+        self.remove = None;
     }
 }
 
 impl Drop for CreateGuard {
     fn drop(&mut self) {
-        let Some(cleanup) = self.cleanup.take() else {
+        guarded().remove(&self.key);
+        let Some(remove) = self.remove.take() else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(cleanup);
+        // At once, and blocking, so that it is done before a runtime shutdown.
+        let first = remove.clone();
+        cleanup_from_drop(async move {
+            if let Err(e) = tokio::time::timeout(DROP_STOP_TIMEOUT, first())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Timeout,
+                        "removing a cancelled run timed out",
+                    ))
+                })
+            {
+                tracing::error!("could not remove a cancelled run: {e}");
             }
-            Err(_) => {
-                tracing::error!("a run creation was cancelled outside a Tokio runtime: call reap")
-            }
+        });
+        // Once more a little later, in case a create request was still in flight.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Err(e) = remove().await {
+                    tracing::error!("could not remove a cancelled run: {e}");
+                }
+            });
         }
     }
 }
@@ -265,6 +279,8 @@ pub enum ReapReason {
 /// Removes the managed runs matching `selector` (empty: all) that nobody can use any more:
 /// expired, owned by a dead process of this host, or no longer running. Returns what it
 /// removed and why. Runs of live owners and of other hosts are left alone until they expire.
+/// A run that cannot be removed is logged and skipped; reap fails only when it removed
+/// nothing and at least one removal failed.
 pub async fn reap(
     driver: &dyn Driver,
     selector: &BTreeMap<String, String>,
@@ -279,6 +295,7 @@ pub async fn reap(
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let mut reaped = Vec::new();
+    let mut first_error = None;
     for run in driver.list(&selector).await? {
         let expired = run
             .labels
@@ -294,11 +311,22 @@ pub async fn reap(
         } else {
             continue;
         };
-        driver.remove(&run.id).await?;
-        tracing::info!(run = %run.id, ?reason, "reaped");
-        reaped.push((run.id, reason));
+        // One failure must not keep the others alive: go on, report the first at the end.
+        match driver.remove(&run.id).await {
+            Ok(()) => {
+                tracing::info!(run = %run.id, ?reason, "reaped");
+                reaped.push((run.id, reason));
+            }
+            Err(e) => {
+                tracing::error!(run = %run.id, "could not reap: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
     }
-    Ok(reaped)
+    match first_error {
+        Some(e) if reaped.is_empty() => Err(e),
+        _ => Ok(reaped),
+    }
 }
 
 /// Owns a run and stops it when dropped (also while unwinding from a panic), and lets
@@ -315,22 +343,56 @@ pub struct RunGuard {
 /// How long a drop may block on stopping the run.
 const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The runs held by live guards, for the signal handler.
-static GUARDED: Mutex<BTreeMap<u64, Weak<dyn Run>>> = Mutex::new(BTreeMap::new());
+type Remover = Arc<dyn Fn() -> BoxFuture<'static, Result<()>> + Send + Sync>;
+
+/// What the signal handler must stop: runs held by guards, and runs being created.
+enum Guarded {
+    Run(Weak<dyn Run>),
+    Creating(Remover),
+}
+
+static GUARDED: Mutex<BTreeMap<u64, Guarded>> = Mutex::new(BTreeMap::new());
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 
-fn guarded() -> std::sync::MutexGuard<'static, BTreeMap<u64, Weak<dyn Run>>> {
+fn guarded() -> std::sync::MutexGuard<'static, BTreeMap<u64, Guarded>> {
     GUARDED
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn register(entry: Guarded) -> u64 {
+    let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+    guarded().insert(key, entry);
+    key
+}
+
+/// Runs a cleanup from a `Drop`: blocking on a multi-thread runtime (so that it is done
+/// before the runtime can shut down), else on a thread of its own with its own runtime.
+fn cleanup_from_drop(cleanup: impl Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| handle.block_on(cleanup));
+        }
+        _ => {
+            let joined = std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map(|rt| rt.block_on(cleanup))
+            })
+            .join();
+            if !matches!(joined, Ok(Ok(()))) {
+                tracing::error!("a cleanup thread failed");
+            }
+        }
+    }
 }
 
 impl RunGuard {
     /// Guards `run`.
     pub fn new(run: Box<dyn Run>) -> RunGuard {
         let run: Arc<dyn Run> = Arc::from(run);
-        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
-        guarded().insert(key, Arc::downgrade(&run));
+        let key = register(Guarded::Run(Arc::downgrade(&run)));
         RunGuard {
             run: Some(run),
             key,
@@ -355,14 +417,25 @@ impl RunGuard {
     }
 }
 
-/// Stops every run held by a live [`RunGuard`] in this process.
+/// Stops every run held by a live [`RunGuard`] in this process, and removes every run
+/// still being created.
 pub async fn stop_guarded_runs() {
-    let runs: Vec<Arc<dyn Run>> = guarded().values().filter_map(Weak::upgrade).collect();
-    let stops = runs.iter().map(|run| async move {
-        match tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop()).await {
-            Ok(Ok(())) => tracing::info!(run = %run.id(), "stopped on signal"),
-            Ok(Err(e)) => tracing::error!(run = %run.id(), "could not stop on signal: {e}"),
-            Err(_) => tracing::error!(run = %run.id(), "stop on signal timed out"),
+    let stops: Vec<BoxFuture<'static, Result<()>>> = guarded()
+        .values()
+        .filter_map(|entry| match entry {
+            Guarded::Run(weak) => weak.upgrade().map(|run| {
+                let stop: BoxFuture<'static, Result<()>> =
+                    Box::pin(async move { run.stop().await });
+                stop
+            }),
+            Guarded::Creating(remove) => Some(remove()),
+        })
+        .collect();
+    let stops = stops.into_iter().map(|stop| async move {
+        match tokio::time::timeout(DROP_STOP_TIMEOUT, stop).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("could not stop a run on signal: {e}"),
+            Err(_) => tracing::error!("stopping a run on signal timed out"),
         }
     });
     futures::future::join_all(stops).await;
@@ -409,32 +482,14 @@ impl Drop for RunGuard {
     fn drop(&mut self) {
         guarded().remove(&self.key);
         let Some(run) = self.run.take() else { return };
-        let id = run.id().to_string();
-        let stop = async move {
+        cleanup_from_drop(async move {
+            let id = run.id().to_string();
             match tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::error!(run = %id, "dropped run could not be stopped: {e}"),
                 Err(_) => tracing::error!(run = %id, "dropped run: stop timed out"),
             }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| handle.block_on(stop));
-            }
-            _ => {
-                // No runtime, or one we cannot block: stop from a thread of our own.
-                let joined = std::thread::spawn(move || {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map(|rt| rt.block_on(stop))
-                })
-                .join();
-                if !matches!(joined, Ok(Ok(()))) {
-                    tracing::error!("dropped run: the stop thread failed");
-                }
-            }
-        }
+        });
     }
 }
 

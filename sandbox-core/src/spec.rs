@@ -7,6 +7,7 @@
 //! [`ErrorKind::InvalidSpec`]: crate::ErrorKind::InvalidSpec
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -51,8 +52,9 @@ impl Default for Workspace {
     }
 }
 
-/// Outbound HTTP proxy settings, injected in both upper and lower case.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Outbound HTTP proxy settings, injected in both upper and lower case. `Debug` hides
+/// credentials in the URLs.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proxy {
     /// `HTTP_PROXY` / `http_proxy`.
     pub http: Option<String>,
@@ -147,8 +149,9 @@ impl Default for Security {
     }
 }
 
-/// Everything a run is created from.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Everything a run is created from. `Debug` shows env names but not their values, and
+/// hides proxy credentials.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunSpec {
     /// The image reference. Its ENTRYPOINT and CMD are never run.
     pub image: String,
@@ -254,6 +257,27 @@ impl RunSpec {
             ));
         }
         validate_abs_path("workspace.path", &self.workspace.path)?;
+        let ws = self.workspace.path.trim_end_matches('/');
+        if ws.is_empty()
+            || self
+                .workspace
+                .path
+                .split('/')
+                .any(|c| c == ".." || c == ".")
+        {
+            return Err(Error::invalid_spec(
+                "workspace.path",
+                "must be a directory below / without . or .. components",
+            ));
+        }
+        for reserved in ["/tmp", crate::ca::DIR, "/proc", "/sys", "/dev"] {
+            if ws == reserved || ws.starts_with(&format!("{reserved}/")) {
+                return Err(Error::invalid_spec(
+                    "workspace.path",
+                    format!("{reserved} is used by the sandbox itself"),
+                ));
+            }
+        }
         if let Some(dir) = &self.workspace.host_dir {
             if !dir.is_absolute() {
                 return Err(Error::invalid_spec(
@@ -318,11 +342,21 @@ impl RunSpec {
             }
         }
         if let Some(cpus) = self.resources.cpus
-            && !(cpus.is_finite() && cpus > 0.0)
+            && !(cpus.is_finite() && (0.01..=1e6).contains(&cpus))
         {
             return Err(Error::invalid_spec(
                 "resources.cpus",
-                "must be a positive number",
+                "must be a number of cores from 0.01",
+            ));
+        }
+        if self
+            .resources
+            .memory_bytes
+            .is_some_and(|m| m > i64::MAX as u64)
+        {
+            return Err(Error::invalid_spec(
+                "resources.memory_bytes",
+                "is too large",
             ));
         }
         if self.resources.memory_bytes == Some(0) {
@@ -349,8 +383,8 @@ impl RunSpec {
     }
 }
 
-/// What the exec'd process reads on stdin.
-#[derive(Debug, Clone, Default)]
+/// What the exec'd process reads on stdin. `Debug` shows sizes, not bytes.
+#[derive(Clone, Default)]
 pub enum Stdin {
     /// Nothing: stdin is closed at once (EOF).
     #[default]
@@ -361,8 +395,8 @@ pub enum Stdin {
     Piped,
 }
 
-/// One command to run inside a run.
-#[derive(Debug, Clone, Default)]
+/// One command to run inside a run. `Debug` shows env names but not their values.
+#[derive(Clone, Default)]
 pub struct ExecSpec {
     /// The program and its arguments. Never passed through a shell.
     pub argv: Vec<String>,
@@ -449,6 +483,88 @@ impl ExecSpec {
             return Err(Error::invalid_spec("timeout", "must be positive"));
         }
         Ok(())
+    }
+}
+
+/// Env for `Debug`: names only, values may be secrets.
+struct EnvNames<'a>(&'a [(String, String)]);
+
+impl fmt::Debug for EnvNames<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, _)| format!("{k}=***")))
+            .finish()
+    }
+}
+
+/// A URL with any `user:password@` replaced.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***@{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxy")
+            .field("http", &self.http.as_deref().map(redact_url))
+            .field("https", &self.https.as_deref().map(redact_url))
+            .field("no_proxy", &self.no_proxy)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RunSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunSpec")
+            .field("image", &self.image)
+            .field("pull", &self.pull)
+            .field("workspace", &self.workspace)
+            .field("env", &EnvNames(&self.env))
+            .field("proxy", &self.proxy)
+            .field(
+                "ca_bundle",
+                &self
+                    .ca_bundle
+                    .as_ref()
+                    .map(|p| format!("<{} bytes of PEM>", p.len())),
+            )
+            .field("post_create", &self.post_create)
+            .field("working_dir", &self.working_dir)
+            .field("user", &self.user)
+            .field("labels", &self.labels)
+            .field("resources", &self.resources)
+            .field("network", &self.network)
+            .field("security", &self.security)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+impl fmt::Debug for Stdin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stdin::Null => f.write_str("Null"),
+            Stdin::Bytes(b) => write!(f, "Bytes(<{} bytes>)", b.len()),
+            Stdin::Piped => f.write_str("Piped"),
+        }
+    }
+}
+
+impl fmt::Debug for ExecSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecSpec")
+            .field("argv", &self.argv)
+            .field("env", &EnvNames(&self.env))
+            .field("working_dir", &self.working_dir)
+            .field("user", &self.user)
+            .field("stdin", &self.stdin)
+            .field("timeout", &self.timeout)
+            .field("output_limit", &self.output_limit)
+            .finish()
     }
 }
 
@@ -576,6 +692,33 @@ mod tests {
         let mut s = base.clone();
         s.resources.cpus = Some(0.0);
         assert_eq!(field_of(&s), "resources.cpus");
+        s.resources.cpus = Some(1e-12);
+        assert_eq!(field_of(&s), "resources.cpus");
+        for bad in ["/", "/tmp", "/etc/sandbox", "/a/../b", "/proc/x"] {
+            let mut s = base.clone();
+            s.workspace.path = bad.into();
+            assert_eq!(field_of(&s), "workspace.path", "{bad}");
+        }
+    }
+
+    #[test]
+    fn debug_hides_env_values_stdin_and_proxy_credentials() {
+        let mut spec = RunSpec::new("img").env("TOKEN", "s3cr3t");
+        spec.proxy.http = Some("http://user:pa55@proxy:3128".into());
+        let text = format!("{spec:?}");
+        assert!(
+            text.contains("TOKEN=***") && text.contains("http://***@proxy:3128"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cr3t") && !text.contains("pa55"), "{text}");
+        let exec = ExecSpec::new(["x"])
+            .env("K", "hidden")
+            .stdin_bytes(&b"hidden"[..]);
+        let text = format!("{exec:?}");
+        assert!(
+            !text.contains("hidden") && text.contains("<6 bytes>"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -82,6 +82,15 @@ impl DockerDriver {
         Ok(DockerDriver { docker, address })
     }
 
+    /// A driver on an existing bollard client (TLS, ssh, custom timeouts). The caller is
+    /// responsible for `negotiate_version()` when the daemon is older than the client.
+    pub fn from_client(docker: Docker) -> DockerDriver {
+        DockerDriver {
+            docker,
+            address: "(caller's client)".into(),
+        }
+    }
+
     /// The registry constructor: keys `host` and `timeout_secs`.
     pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
         let host = config.take("host");
@@ -126,9 +135,12 @@ impl DockerDriver {
                 .with("image", image))
             };
         }
-        let options = CreateImageOptionsBuilder::default()
-            .from_image(image)
-            .build();
+        let (name, tag) = split_tag(image);
+        let mut options = CreateImageOptionsBuilder::default().from_image(name);
+        if let Some(tag) = tag {
+            options = options.tag(tag);
+        }
+        let options = options.build();
         let pulled: std::result::Result<Vec<_>, _> = self
             .docker
             .create_image(Some(options), None, None)
@@ -159,7 +171,7 @@ impl DockerDriver {
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
             .map_err(|e| error::map("start container", e).with("run", id))?;
-        let run = DockerRun::new(self.docker.clone(), id.to_string());
+        let run = DockerRun::new(self.docker.clone(), id.to_string(), self.address.clone());
         sandbox_core::run_post_create(&run, spec).await
     }
 
@@ -175,20 +187,30 @@ impl DockerDriver {
             }
         }
         let bundle = ca::full_bundle(system.as_ref().map_or("", |(_, t)| t), injected);
-        let mut files: Vec<(String, String)> = vec![
-            (ca::CA_FILE.into(), injected.to_string()),
-            (ca::BUNDLE_FILE.into(), bundle.clone()),
-        ];
-        if let (Some((path, _)), false) = (system, spec.security.read_only_rootfs) {
-            files.push((path.to_string(), bundle));
-            files.push((ca::SYSTEM_EXTRA_DIR_FILE.into(), injected.to_string()));
+        if spec.security.read_only_rootfs {
+            // Only the volume at /etc/sandbox is writable; the daemon judges an upload by
+            // its destination, so upload there (the system store stays as the image has it).
+            let tar = sandbox_core::tar_of_files(&[
+                ("ca.pem", injected.as_bytes(), 0o644),
+                ("ca-bundle.pem", bundle.as_bytes(), 0o644),
+            ])?;
+            return put_archive(&self.docker, id, ca::DIR, tar.into()).await;
         }
-        let entries: Vec<(&str, &[u8], u32)> = files
-            .iter()
-            .map(|(path, text)| (path.as_str(), text.as_bytes(), 0o644))
-            .collect();
-        let tar = sandbox_core::tar_of_files(&entries)?;
-        put_archive(&self.docker, id, "/", tar.into()).await
+        let mut files: Vec<(&str, &[u8], u32)> = vec![
+            (ca::CA_FILE, injected.as_bytes(), 0o644),
+            (ca::BUNDLE_FILE, bundle.as_bytes(), 0o644),
+        ];
+        if let Some((path, _)) = system {
+            files.push((path, bundle.as_bytes(), 0o644));
+            files.push((ca::SYSTEM_EXTRA_DIR_FILE, injected.as_bytes(), 0o644));
+        }
+        put_archive(
+            &self.docker,
+            id,
+            "/",
+            sandbox_core::tar_of_files(&files)?.into(),
+        )
+        .await
     }
 
     /// A regular file's text from the container, `None` if absent or not a regular file.
@@ -270,7 +292,11 @@ impl Driver for DockerDriver {
         }
         guard.disarm();
         tracing::debug!(run = %id, image = %spec.image, "run started");
-        Ok(Box::new(DockerRun::new(self.docker.clone(), id)))
+        Ok(Box::new(DockerRun::new(
+            self.docker.clone(),
+            id,
+            self.address.clone(),
+        )))
     }
 
     async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
@@ -300,6 +326,7 @@ impl Driver for DockerDriver {
         Ok(Box::new(DockerRun::new(
             self.docker.clone(),
             id.to_string(),
+            self.address.clone(),
         )))
     }
 
@@ -337,6 +364,19 @@ impl Driver for DockerDriver {
 
     async fn remove(&self, id: &str) -> Result<()> {
         remove_container(&self.docker, id).await
+    }
+}
+
+/// Splits `repo[:tag]` for a pull; a reference with neither tag nor digest gets `latest`
+/// (the API would otherwise pull every tag). A digest stays in the name.
+fn split_tag(image: &str) -> (&str, Option<&str>) {
+    if image.contains('@') {
+        return (image, None);
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.rsplit_once(':') {
+        Some((_, tag)) => (&image[..image.len() - tag.len() - 1], Some(tag)),
+        None => (image, Some("latest")),
     }
 }
 
@@ -387,11 +427,25 @@ async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<Bytes> {
 pub struct DockerRun {
     docker: Docker,
     id: String,
+    address: String,
 }
 
 impl DockerRun {
-    fn new(docker: Docker, id: String) -> DockerRun {
-        DockerRun { docker, id }
+    fn new(docker: Docker, id: String, address: String) -> DockerRun {
+        DockerRun {
+            docker,
+            id,
+            address,
+        }
+    }
+
+    /// Names the daemon address in errors that say it could not be reached.
+    fn locate(&self, e: Error) -> Error {
+        if e.kind() == ErrorKind::Unavailable {
+            e.with("address", &self.address)
+        } else {
+            e
+        }
     }
 }
 
@@ -402,18 +456,46 @@ impl Run for DockerRun {
     }
 
     async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
-        exec::start(&self.docker, &self.id, spec).await
+        exec::start(&self.docker, &self.id, spec)
+            .await
+            .map_err(|e| self.locate(e))
     }
 
     async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()> {
-        put_archive(&self.docker, &self.id, dir, tar).await
+        put_archive(&self.docker, &self.id, dir, tar)
+            .await
+            .map_err(|e| self.locate(e))
     }
 
     async fn get_archive(&self, path: &str) -> Result<Bytes> {
-        get_archive(&self.docker, &self.id, path).await
+        get_archive(&self.docker, &self.id, path)
+            .await
+            .map_err(|e| self.locate(e))
     }
 
     async fn stop(&self) -> Result<()> {
-        remove_container(&self.docker, &self.id).await
+        remove_container(&self.docker, &self.id)
+            .await
+            .map_err(|e| self.locate(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_tag;
+
+    #[test]
+    fn pulls_name_a_tag() {
+        assert_eq!(split_tag("python"), ("python", Some("latest")));
+        assert_eq!(split_tag("python:3.12"), ("python", Some("3.12")));
+        assert_eq!(
+            split_tag("reg:5000/team/img"),
+            ("reg:5000/team/img", Some("latest"))
+        );
+        assert_eq!(
+            split_tag("reg:5000/team/img:v1"),
+            ("reg:5000/team/img", Some("v1"))
+        );
+        assert_eq!(split_tag("img@sha256:abc"), ("img@sha256:abc", None));
     }
 }

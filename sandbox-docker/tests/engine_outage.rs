@@ -83,6 +83,11 @@ async fn engine_outage_mid_run_is_reported_fast() {
     );
     let e = run.exec(ExecSpec::new(["true"])).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert_eq!(
+        e.context_value("address"),
+        Some(format!("unix://{}", socket.display()).as_str()),
+        "{e}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(15),
         "took {:?}",

@@ -6,7 +6,6 @@ use sandbox_core::{Error, ErrorKind};
 pub fn map(op: &'static str, e: kube::Error) -> Error {
     let kind = match &e {
         kube::Error::Api(s) if s.code == 404 => ErrorKind::NotFound,
-        kube::Error::Api(s) if s.code == 422 || s.code == 400 => ErrorKind::InvalidSpec,
         kube::Error::Api(_) => ErrorKind::Backend,
         kube::Error::HyperError(_) | kube::Error::Service(_) => ErrorKind::Unavailable,
         _ => ErrorKind::Backend,

@@ -109,6 +109,20 @@ impl K8sDriver {
         })
     }
 
+    /// A driver on an existing client (custom TLS, auth or middleware), in `namespace`.
+    pub fn from_client(
+        client: Client,
+        namespace: impl Into<String>,
+        config: K8sConfig,
+    ) -> K8sDriver {
+        K8sDriver {
+            cluster_url: "(caller's client)".into(),
+            namespace: namespace.into(),
+            client,
+            config,
+        }
+    }
+
     /// The registry constructor (see the crate docs for the keys).
     pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
         let pairs = |config: &mut DriverConfig, key: &str| -> Result<BTreeMap<String, String>> {
@@ -258,7 +272,7 @@ impl K8sDriver {
 
     /// Makes the CA Secret owned by the pod, so garbage collection removes it with the pod
     /// even if this process dies before it can.
-    async fn adopt_secret(&self, id: &str, pod_uid: &str) {
+    async fn adopt_secret(&self, id: &str, pod_uid: &str) -> Result<()> {
         let owner = OwnerReference {
             api_version: "v1".into(),
             kind: "Pod".into(),
@@ -267,21 +281,23 @@ impl K8sDriver {
             ..Default::default()
         };
         let patch = serde_json::json!({ "metadata": { "ownerReferences": [owner] } });
-        if let Err(e) = self
-            .secrets()
+        self.secrets()
             .patch(
                 &ca_secret_name(id),
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
             )
             .await
-        {
-            tracing::warn!(run = %id, "could not make the CA secret owned by its pod: {e}");
-        }
+            .map(|_| ())
+            .map_err(|e| error::map("make the CA secret owned by its pod", e).with("run", id))
     }
 
     /// Everything after the pod exists; on error the caller removes the run.
     async fn set_up(&self, id: &str, spec: &RunSpec, pod_uid: &str) -> Result<()> {
+        if spec.ca_bundle.is_some() {
+            // At once, so that the window in which a crash could orphan it is tiny.
+            self.adopt_secret(id, pod_uid).await?;
+        }
         self.wait_ready(id, &spec.image).await?;
         let run = self.run(
             id,
@@ -289,7 +305,6 @@ impl K8sDriver {
             spec.workspace.path.clone(),
         );
         if spec.ca_bundle.is_some() {
-            self.adopt_secret(id, pod_uid).await;
             let out = run
                 .exec(ExecSpec::new(["sh", "-c", CA_SETUP]).working_dir("/"))
                 .await?;
@@ -321,9 +336,9 @@ for f in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /et
 done
 cat "$ca" > /etc/sandbox/ca.pem
 { if [ -n "$sys" ]; then cat "$sys"; echo; fi; cat "$ca"; } | sed '/^$/d' > /etc/sandbox/ca-bundle.pem
-if [ -n "$sys" ] && [ -w "$sys" ]; then
-  cat /etc/sandbox/ca-bundle.pem > "$sys"
-  mkdir -p /usr/local/share/ca-certificates 2>/dev/null && cat "$ca" > /usr/local/share/ca-certificates/sandbox-ca.crt || true
+# The system store only where it is writable (not under a read-only root, not as non-root).
+if [ -n "$sys" ] && (cat /etc/sandbox/ca-bundle.pem > "$sys") 2>/dev/null; then
+  { mkdir -p /usr/local/share/ca-certificates && cat "$ca" > /usr/local/share/ca-certificates/sandbox-ca.crt; } 2>/dev/null || true
 fi
 "#;
 
@@ -516,7 +531,13 @@ impl Driver for K8sDriver {
             .find(|m| m.name == "workspace")
             .map(|m| m.mount_path.clone())
             .unwrap_or_else(|| sandbox_core::DEFAULT_WORKSPACE_PATH.into());
-        Ok(Box::new(self.run(id, None, workspace)))
+        let host_dir = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(pod::HOST_DIR_ANNOTATION))
+            .map(PathBuf::from);
+        Ok(Box::new(self.run(id, host_dir, workspace)))
     }
 
     async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
@@ -580,23 +601,28 @@ impl K8sRun {
         let Some(dir) = &self.host_dir else {
             return Ok(());
         };
-        let tar = self.get_archive(&self.workspace).await?;
-        let mut archive = tar::Archive::new(&tar[..]);
+        let out = self
+            .tar_exec(&["tar", "-c", "-f", "-", "-C", &self.workspace, "."], None)
+            .await?;
+        if !out.status.success() || out.stdout_truncated() {
+            return Err(tar_error(&out, &self.workspace, &self.id));
+        }
+        let mut archive = tar::Archive::new(&out.stdout[..]);
         let bad = |e: std::io::Error| {
             Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
         };
         for entry in archive.entries().map_err(bad)? {
             let mut entry = entry.map_err(bad)?;
-            let path = entry.path().map_err(bad)?.into_owned();
-            // Strip the workspace directory's own name; refuse anything but plain names.
-            let rel: PathBuf = path.components().skip(1).collect();
-            let plain = rel
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)));
-            if rel.as_os_str().is_empty() || !plain {
-                continue;
+            // Only files and directories, and only inside `dir`: the archive comes from
+            // the sandbox and may hold links meant to write elsewhere on the host.
+            match entry.header().entry_type() {
+                tar::EntryType::Regular | tar::EntryType::Directory => {
+                    entry.unpack_in(dir).map_err(bad)?;
+                }
+                other => {
+                    tracing::debug!(run = %self.id, ?other, "workspace sync skips a non-regular entry")
+                }
             }
-            entry.unpack(dir.join(&rel)).map_err(bad)?;
         }
         Ok(())
     }
@@ -667,6 +693,16 @@ impl Run for K8sRun {
         let out = self
             .tar_exec(&["tar", "-c", "-f", "-", "-C", parent, base], None)
             .await?;
+        if out.stdout_truncated() {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "the archive of {path} is larger than {} bytes",
+                    out.stdout.len()
+                ),
+            )
+            .with("run", &self.id));
+        }
         if out.status.success() {
             Ok(out.stdout.into())
         } else {

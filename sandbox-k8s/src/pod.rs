@@ -19,6 +19,8 @@ pub const CONTAINER: &str = "sandbox";
 pub const KEEPALIVE: [&str; 2] = ["sleep", "infinity"];
 /// Where the CA Secret is mounted (read-only); the bundle is built from it into [`ca::DIR`].
 pub const CA_SECRET_MOUNT: &str = "/etc/sandbox-ca";
+/// The pod annotation that records the run's host workspace directory.
+pub const HOST_DIR_ANNOTATION: &str = "sandbox.dev/host-dir";
 /// Grace period of the pod: PID 1 is `sleep`, which ignores SIGTERM.
 pub const TERMINATION_GRACE_SECONDS: i64 = 1;
 
@@ -58,6 +60,11 @@ pub fn run_objects(
     };
     let mut pod_labels = template.labels.clone();
     pod_labels.extend(labels.clone());
+    let mut annotations = template.annotations.clone();
+    if let Some(dir) = &spec.workspace.host_dir {
+        // So that a driver attaching later can still sync the workspace back.
+        annotations.insert(HOST_DIR_ANNOTATION.into(), dir.display().to_string());
+    }
 
     let mut volumes = vec![Volume {
         name: "workspace".into(),
@@ -189,7 +196,7 @@ pub fn run_objects(
             name: Some(run_id.into()),
             namespace: Some(namespace.into()),
             labels: Some(pod_labels),
-            annotations: (!template.annotations.is_empty()).then(|| template.annotations.clone()),
+            annotations: (!annotations.is_empty()).then_some(annotations),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -200,7 +207,9 @@ pub fn run_objects(
             // The pause container becomes PID 1 and reaps orphans of exec'd processes.
             share_process_namespace: Some(true),
             termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
-            active_deadline_seconds: spec.ttl.map(|t| t.as_secs().max(1) as i64),
+            active_deadline_seconds: spec
+                .ttl
+                .map(|t| t.as_secs().clamp(1, i64::MAX as u64) as i64),
             runtime_class_name: template.runtime_class.clone(),
             node_selector: (!template.node_selector.is_empty())
                 .then(|| template.node_selector.clone()),

@@ -129,3 +129,27 @@ pub async fn ca_variables_point_at_the_injected_cert(cx: &Context) -> anyhow::Re
     run.stop().await?;
     Ok(())
 }
+
+/// A read-only root keeps the workspace and `/tmp` writable, and the CA still installs.
+pub async fn read_only_root_with_ca(cx: &Context) -> anyhow::Result<()> {
+    let mut spec = cx.spec();
+    spec.security.read_only_rootfs = true;
+    spec.ca_bundle = Some(TEST_CA.to_string());
+    let run = cx.driver.start(&spec).await?;
+    sh_stdout(&*run, "echo w > /workspace/w && echo t > /tmp/t").await?;
+    let root = run
+        .exec(ExecSpec::new(["sh", "-c", "echo x > /root-write"]))
+        .await?;
+    ensure!(
+        !root.status.success(),
+        "writing to the read-only root succeeded"
+    );
+    let marker = TEST_CA.lines().nth(4).unwrap_or_default();
+    ensure!(
+        sh_stdout(&*run, "cat \"$SSL_CERT_FILE\" \"$NODE_EXTRA_CA_CERTS\"")
+            .await?
+            .contains(marker)
+    );
+    run.stop().await?;
+    Ok(())
+}

@@ -46,6 +46,7 @@ pub static CASES: &[Case] = &[
     case!(env_is_injected_and_exec_env_wins),
     case!(proxy_is_set_in_both_cases),
     case!(ca_variables_point_at_the_injected_cert),
+    case!(read_only_root_with_ca, |c| c.read_only_rootfs),
     case!(post_create_effects_are_visible),
     case!(failing_post_create_leaves_nothing),
     case!(exit_codes_are_distinct),
