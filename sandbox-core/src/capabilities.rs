@@ -37,6 +37,8 @@ pub struct Capabilities {
     pub ttl: bool,
     /// `put_archive` / `get_archive`.
     pub files: bool,
+    /// `Stdin::Piped`: stdin written while the command runs (bytes and none always work).
+    pub stdin_streaming: bool,
     /// `Driver::attach` to a run by id from another process.
     pub attach: bool,
     /// The CA bundle is added to the image's system trust store (where it has one).

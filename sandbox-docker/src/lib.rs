@@ -259,6 +259,7 @@ impl Driver for DockerDriver {
         c.no_new_privileges = true;
         c.ttl = true;
         c.files = true;
+        c.stdin_streaming = true;
         c.attach = true;
         c.system_trust_store = true;
         c

@@ -19,7 +19,7 @@ use kube::Api;
 use kube::api::{AttachParams, AttachedProcess};
 use sandbox_core::{
     EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecSpec, ExecStream, ExitStatus, KILL_SCRIPT,
-    OutputChunk, Result,
+    OutputChunk, Result, Stdin,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
@@ -47,7 +47,11 @@ fn is_shell_name(name: &str) -> bool {
 }
 
 /// The header script for one exec: its env, its working directory, then the command.
-pub fn header(spec: &ExecSpec, marker: &str) -> String {
+///
+/// `framed_stdin`: for API servers that only speak `v4.channel.k8s.io`, where closing
+/// stdin closes the whole connection, stdin is never closed; instead the header gives the
+/// command `/dev/null` or exactly the `n` bytes that follow it (`head -c n`).
+pub fn header(spec: &ExecSpec, marker: &str, framed_stdin: bool) -> String {
     let mut script = String::new();
     let mut odd_names = Vec::new();
     for (name, value) in spec.env.iter().chain(std::iter::once(&(
@@ -66,10 +70,15 @@ pub fn header(spec: &ExecSpec, marker: &str) -> String {
             q = sh_quote(dir)
         ));
     }
-    if odd_names.is_empty() {
-        script.push_str("\"$@\"\n");
+    let command = if odd_names.is_empty() {
+        "\"$@\"".to_string()
     } else {
-        script.push_str(&format!("env {} \"$@\"\n", odd_names.join(" ")));
+        format!("env {} \"$@\"", odd_names.join(" "))
+    };
+    match (&spec.stdin, framed_stdin) {
+        (_, false) | (Stdin::Piped, true) => script.push_str(&format!("{command}\n")),
+        (Stdin::Null, true) => script.push_str(&format!("{command} </dev/null\n")),
+        (Stdin::Bytes(b), true) => script.push_str(&format!("head -c {} | {command}\n", b.len())),
     }
     script.push_str(&format!(
         "rc=$?\nprintf '\\000\\000sbx-exit:{marker}:%d\\000' \"$rc\" >&2\nexit \"$rc\"\n"
@@ -77,13 +86,24 @@ pub fn header(spec: &ExecSpec, marker: &str) -> String {
     format!("{}\n{script}", script.len())
 }
 
-/// Starts one exec in the pod `name`.
-pub async fn start(pods: &Api<Pod>, name: &str, spec: ExecSpec) -> Result<ExecStream> {
+/// Starts one exec in the pod `name`. `framed_stdin`: see [`header`].
+pub async fn start(
+    pods: &Api<Pod>,
+    name: &str,
+    spec: ExecSpec,
+    framed_stdin: bool,
+) -> Result<ExecStream> {
     spec.validate()?;
     if spec.user.is_some() {
         return Err(Error::unsupported(
             "user",
             "Kubernetes exec cannot switch user",
+        ));
+    }
+    if framed_stdin && matches!(spec.stdin, Stdin::Piped) {
+        return Err(Error::unsupported(
+            "stdin",
+            "streaming stdin needs v5.channel.k8s.io (Kubernetes 1.30+)",
         ));
     }
     let marker = format!("{:016x}", rand::random::<u64>());
@@ -114,14 +134,37 @@ pub async fn start(pods: &Api<Pod>, name: &str, spec: ExecSpec) -> Result<ExecSt
     let stderr = process
         .stderr()
         .ok_or_else(|| Error::new(ErrorKind::Backend, "k8s: exec without stderr"))?;
-    stdin
-        .write_all(header(&spec, &marker).as_bytes())
-        .await
-        .map_err(|e| {
+    let header = header(&spec, &marker, framed_stdin);
+    // On v4, stdin must stay open until the exec is over: a task writes the header and
+    // the bytes, then holds the writer until the exec's control is dropped.
+    let (keep_open, mut keep_open_rx) = tokio::sync::oneshot::channel::<()>();
+    let sink: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>> = if framed_stdin {
+        let bytes = match &spec.stdin {
+            Stdin::Bytes(b) => b.clone(),
+            _ => bytes::Bytes::new(),
+        };
+        tokio::spawn(async move {
+            let write = async {
+                stdin.write_all(header.as_bytes()).await?;
+                stdin.write_all(&bytes).await?;
+                stdin.flush().await
+            };
+            tokio::select! {
+                r = write => if let Err(e) = r { tracing::debug!("framed stdin: {e}") },
+                _ = &mut keep_open_rx => return,
+            }
+            let _ = keep_open_rx.await;
+            drop(stdin);
+        });
+        None
+    } else {
+        stdin.write_all(header.as_bytes()).await.map_err(|e| {
             Error::new(ErrorKind::Backend, "k8s: could not send the exec header")
                 .with("run", name)
                 .with_source(e)
         })?;
+        Some(Box::pin(stdin))
+    };
     let output = futures::stream::select(
         ReaderStream::with_capacity(stdout, STREAM_BUF).map(|r| r.map(OutputChunk::Stdout)),
         ReaderStream::with_capacity(stderr, STREAM_BUF).map(|r| r.map(OutputChunk::Stderr)),
@@ -135,15 +178,12 @@ pub async fn start(pods: &Api<Pod>, name: &str, spec: ExecSpec) -> Result<ExecSt
         pod: name.to_string(),
         marker,
         exit_code,
+        framed_stdin,
+        _keep_stdin_open: keep_open,
         status: Mutex::new(status.map(|f| Box::pin(f) as StatusFuture)),
         process: Mutex::new(Some(process)),
     };
-    Ok(ExecStream::spawn(
-        &spec,
-        output,
-        Some(Box::pin(stdin)),
-        Box::new(control),
-    ))
+    Ok(ExecStream::spawn(&spec, output, sink, Box::new(control)))
 }
 
 type StatusFuture = std::pin::Pin<
@@ -179,6 +219,9 @@ struct K8sExec {
     marker: String,
     /// The code from the wrapper's trailer, once seen.
     exit_code: Arc<std::sync::Mutex<Option<i64>>>,
+    framed_stdin: bool,
+    /// Dropped with the control: releases a v4 stdin kept open.
+    _keep_stdin_open: tokio::sync::oneshot::Sender<()>,
     status: Mutex<Option<StatusFuture>>,
     /// Kept alive until the status is read: dropping it aborts the websocket task.
     process: Mutex<Option<AttachedProcess>>,
@@ -213,7 +256,7 @@ impl ExecControl for K8sExec {
     async fn kill(&self) -> Result<()> {
         let spec =
             ExecSpec::new(["sh", "-c", KILL_SCRIPT, "sandbox-kill", &self.marker]).working_dir("/");
-        let killer = Box::pin(start(&self.pods, &self.pod, spec)).await?;
+        let killer = Box::pin(start(&self.pods, &self.pod, spec, self.framed_stdin)).await?;
         self.process.lock().await.take();
         let status = killer.wait().await;
         if status.success() {
@@ -382,10 +425,16 @@ mod tests {
             .env("A", "it's $HOME")
             .env("my.var", "1")
             .working_dir("/tmp/a b");
-        let h = header(&spec, "m1");
+        let h = header(&spec, "m1", false);
         let (len, script) = h.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), script.len());
         insta::assert_snapshot!(script);
+        let framed = header(&spec.clone().stdin_bytes(&b"12345"[..]), "m1", true);
+        assert!(
+            framed.contains("head -c 5 | env 'my.var=1' \"$@\"\n"),
+            "{framed}"
+        );
+        assert!(header(&spec, "m1", true).contains("\"$@\" </dev/null\n"));
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub struct K8sConfig {
     pub ready_timeout: Option<Duration>,
     /// Copy the workspace back into the host directory when a run stops.
     pub sync_workspace_on_stop: bool,
+    /// Use the exec path for API servers without `v5.channel.k8s.io` (before 1.30) even
+    /// on newer ones: stdin is framed instead of closed, and `Stdin::Piped` is unsupported.
+    /// Older servers get it automatically.
+    pub exec_v4_compatible: bool,
 }
 
 /// The Kubernetes driver.
@@ -59,6 +63,8 @@ pub struct K8sDriver {
     namespace: String,
     config: K8sConfig,
     cluster_url: String,
+    /// Stdin is framed in the exec header, never closed (v4 servers, or forced).
+    framed_stdin: bool,
 }
 
 impl std::fmt::Debug for K8sDriver {
@@ -94,16 +100,20 @@ impl K8sDriver {
             )
             .with_source(e)
         })?;
-        client.apiserver_version().await.map_err(|e| {
+        let version = client.apiserver_version().await.map_err(|e| {
             Error::new(
                 ErrorKind::Unavailable,
                 format!("cannot reach the Kubernetes API server at {cluster_url}"),
             )
             .with_source(e)
         })?;
+        // v5.channel.k8s.io (stdin close) is served from 1.30 on.
+        let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap_or(0);
+        let v5 = version.major != "1" || minor >= 30;
         Ok(K8sDriver {
             client,
             namespace,
+            framed_stdin: config.exec_v4_compatible || !v5,
             config,
             cluster_url,
         })
@@ -119,6 +129,7 @@ impl K8sDriver {
             cluster_url: "(caller's client)".into(),
             namespace: namespace.into(),
             client,
+            framed_stdin: config.exec_v4_compatible,
             config,
         }
     }
@@ -162,6 +173,9 @@ impl K8sDriver {
                 .map(Duration::from_secs),
             sync_workspace_on_stop: config
                 .take_parsed::<bool>("sync_workspace_on_stop")?
+                .unwrap_or(false),
+            exec_v4_compatible: config
+                .take_parsed::<bool>("exec_v4_compatible")?
                 .unwrap_or(false),
         };
         config.finish()?;
@@ -449,6 +463,7 @@ impl Driver for K8sDriver {
         c.no_new_privileges = true;
         c.ttl = true;
         c.files = true;
+        c.stdin_streaming = !self.framed_stdin;
         c.attach = true;
         c.system_trust_store = true;
         c
@@ -664,7 +679,13 @@ impl Run for K8sRun {
     }
 
     async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
-        exec::start(&self.driver.pods(), &self.id, spec).await
+        exec::start(
+            &self.driver.pods(),
+            &self.id,
+            spec,
+            self.driver.framed_stdin,
+        )
+        .await
     }
 
     async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()> {

@@ -85,6 +85,25 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
         out.status
     );
 
+    if !cx.caps.stdin_streaming {
+        let e = run
+            .exec_stream(ExecSpec::new(["cat"]).stdin_piped())
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        ensure!(
+            e.kind() == sandbox_core::ErrorKind::Unsupported && e.field() == Some("stdin"),
+            "piped stdin without the capability: {e}"
+        );
+        let out = run.exec(ExecSpec::new(["wc", "-c"])).await?;
+        ensure!(
+            out.stdout_str().trim() == "0",
+            "no stdin should read as empty: {:?}",
+            out.stdout_str()
+        );
+        run.stop().await?;
+        return Ok(());
+    }
     let mut stream = run
         .exec_stream(ExecSpec::new(["sh", "-c", "cat; echo EOF-SEEN >&2"]).stdin_piped())
         .await?;
