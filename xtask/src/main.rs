@@ -134,12 +134,15 @@ fn main() -> Result<()> {
             conformance("docker", "sandbox-conformance", &[], &[])?;
             // The example third-party driver, from its own crate.
             conformance("audit", "sandbox-driver-audit", &[], &[])?;
-            let kubeconfig = k8s::up()?;
-            let k8s_result = k8s_tests(&kubeconfig);
-            if !keep_cluster {
-                k8s::run("down")?;
-            }
+            // The cluster goes down again whatever happened, unless asked to stay.
+            let k8s_result = k8s::up().and_then(|kubeconfig| k8s_tests(&kubeconfig));
+            let down = if keep_cluster {
+                Ok(())
+            } else {
+                k8s::run("down")
+            };
             k8s_result?;
+            down?;
             engine::assert_no_leftovers()
         }
     }
