@@ -85,6 +85,12 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
         out.status
     );
 
+    let out = run.exec(ExecSpec::new(["wc", "-c"])).await?;
+    ensure!(
+        out.stdout_str().trim() == "0",
+        "no stdin should read as empty: {:?}",
+        out.stdout_str()
+    );
     if !cx.caps.stdin_streaming {
         let e = run
             .exec_stream(ExecSpec::new(["cat"]).stdin_piped())
@@ -94,12 +100,6 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
         ensure!(
             e.kind() == sandbox_core::ErrorKind::Unsupported && e.field() == Some("stdin"),
             "piped stdin without the capability: {e}"
-        );
-        let out = run.exec(ExecSpec::new(["wc", "-c"])).await?;
-        ensure!(
-            out.stdout_str().trim() == "0",
-            "no stdin should read as empty: {:?}",
-            out.stdout_str()
         );
         run.stop().await?;
         return Ok(());
@@ -130,13 +130,6 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
         stderr == b"EOF-SEEN\n",
         "{:?}",
         String::from_utf8_lossy(&stderr)
-    );
-
-    let out = run.exec(ExecSpec::new(["wc", "-c"])).await?;
-    ensure!(
-        out.stdout_str().trim() == "0",
-        "no stdin should read as empty: {:?}",
-        out.stdout_str()
     );
     run.stop().await?;
     Ok(())
