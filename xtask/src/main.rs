@@ -159,6 +159,17 @@ fn k8s_tests(admin: &std::path::Path) -> Result<()> {
         &[],
         &[("KUBECONFIG", restricted.into())],
     )?;
+    // Again on the exec path for API servers without v5.channel.k8s.io (before 1.30).
+    eprintln!("the k8s suite again with exec_v4_compatible=true (stdin framed, never closed)");
+    conformance(
+        "k8s",
+        "sandbox-conformance",
+        &[],
+        &[
+            ("KUBECONFIG", restricted.into()),
+            ("SANDBOX_K8S_EXEC_V4_COMPATIBLE", "true".into()),
+        ],
+    )?;
     k8s::assert_no_leftovers(admin)
 }
 
