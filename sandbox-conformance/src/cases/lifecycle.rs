@@ -205,3 +205,29 @@ pub async fn cancelled_create_leaves_nothing(cx: &Context) -> anyhow::Result<()>
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// An image that is not present and may not be pulled fails with `NotFound` naming it,
+/// and nothing is left. (Pull policy `Never`: the suite sends nothing to any registry.)
+pub async fn missing_image_is_not_found(cx: &Context) -> anyhow::Result<()> {
+    let image = "sandbox-test/does-not-exist:never";
+    let mut spec = cx.spec();
+    spec.image = image.into();
+    spec.pull = sandbox_core::PullPolicy::Never;
+    match cx.driver.create(&spec).await {
+        Ok(run) => {
+            run.stop().await?;
+            bail!("a run started from a missing image");
+        }
+        Err(e) => {
+            ensure!(
+                e.kind() == ErrorKind::NotFound,
+                "expected not found, got {e}"
+            );
+            ensure!(
+                e.to_string().contains(image),
+                "the error does not name the image: {e}"
+            );
+        }
+    }
+    cx.assert_case_clean().await
+}

@@ -39,6 +39,7 @@ fn files(c: &Capabilities) -> bool {
 pub static CASES: &[Case] = &[
     case!(invalid_specs_are_rejected_before_anything_exists),
     case!(entrypoint_never_runs),
+    case!(missing_image_is_not_found),
     case!(workspace_persists_across_execs),
     case!(workspace_host_dir_is_shared, |c| c.workspace_mount
         || c.workspace_seed),
