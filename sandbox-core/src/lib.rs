@@ -27,7 +27,8 @@ pub use exec::{
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
 pub use run::{
     CreateGuard, Driver, DriverExt, ReapReason, Run, RunExt, RunGuard, RunInfo, new_run_id,
-    prepare, reap, run_post_create, stop_guarded_runs, stop_runs_on_signal, tar_of_files,
+    prepare, reap, regular_file_from_tar, run_post_create, stop_guarded_runs, stop_runs_on_signal,
+    tar_of_files,
 };
 pub use spec::{
     DEFAULT_WORKSPACE_PATH, ExecSpec, Network, Proxy, PullPolicy, Resources, RunSpec, Security,

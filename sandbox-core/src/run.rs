@@ -85,24 +85,30 @@ pub trait RunExt: Run {
     /// Reads one regular file.
     async fn get_file(&self, path: &str) -> Result<Vec<u8>> {
         let tar = self.get_archive(path).await?;
-        let mut archive = tar::Archive::new(&tar[..]);
-        let bad = |e: std::io::Error| {
-            Error::new(ErrorKind::Backend, "unreadable tar archive")
-                .with("path", path)
-                .with_source(e)
-        };
-        let mut entries = archive.entries().map_err(bad)?;
-        let mut entry = entries
-            .next()
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, "empty archive").with("path", path))?
-            .map_err(bad)?;
-        if entry.header().entry_type() != tar::EntryType::Regular {
-            return Err(Error::new(ErrorKind::Backend, "not a regular file").with("path", path));
-        }
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut entry, &mut buf).map_err(bad)?;
-        Ok(buf)
+        regular_file_from_tar(&tar, path)?
+            .ok_or_else(|| Error::new(ErrorKind::Backend, "not a regular file").with("path", path))
     }
+}
+
+/// The contents of the first entry of a tar archive (as [`Run::get_archive`] returns it),
+/// `None` when the archive is empty or the entry is not a regular file.
+pub fn regular_file_from_tar(tar: &[u8], path: &str) -> Result<Option<Vec<u8>>> {
+    let bad = |e: std::io::Error| {
+        Error::new(ErrorKind::Backend, "unreadable tar archive")
+            .with("path", path)
+            .with_source(e)
+    };
+    let mut archive = tar::Archive::new(tar);
+    let Some(entry) = archive.entries().map_err(bad)?.next() else {
+        return Ok(None);
+    };
+    let mut entry = entry.map_err(bad)?;
+    if entry.header().entry_type() != tar::EntryType::Regular {
+        return Ok(None);
+    }
+    let mut buf = Vec::new();
+    std::io::Read::read_to_end(&mut entry, &mut buf).map_err(bad)?;
+    Ok(Some(buf))
 }
 
 impl<T: Run + ?Sized> RunExt for T {}

@@ -220,22 +220,11 @@ impl DockerDriver {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let mut archive = tar::Archive::new(&tar[..]);
-        let bad = |e: std::io::Error| {
-            Error::new(ErrorKind::Backend, "unreadable archive")
-                .with("path", path)
-                .with_source(e)
-        };
-        let Some(entry) = archive.entries().map_err(bad)?.next() else {
-            return Ok(None);
-        };
-        let mut entry = entry.map_err(bad)?;
-        if entry.header().entry_type() != tar::EntryType::Regular {
-            return Ok(None);
-        }
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut entry, &mut text).map_err(bad)?;
-        Ok(Some(text))
+        // A bundle that is not UTF-8 text is no usable bundle.
+        Ok(
+            sandbox_core::regular_file_from_tar(&tar, path)?
+                .and_then(|b| String::from_utf8(b).ok()),
+        )
     }
 }
 
