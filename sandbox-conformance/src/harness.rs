@@ -3,7 +3,7 @@
 //! ```ignore
 //! // tests/conformance.rs of a driver crate, with `harness = false` in Cargo.toml
 //! use my_driver as _; // links the driver so that its registration is seen
-//! fn main() { sandbox_conformance::harness::main() }
+//! fn main() { runcell_conformance::harness::main() }
 //! ```
 //!
 //! `SANDBOX_TEST=<name>` picks the driver, `SANDBOX_<NAME>_<KEY>` its config.
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use libtest_mimic::{Arguments, Trial};
-use sandbox_core::{DriverConfig, ErrorKind, RunSpec};
+use runcell_core::{DriverConfig, ErrorKind, RunSpec};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::{CASE_LABEL, CASES, Context, DEFAULT_IMAGE, SESSION_LABEL, run_case};
@@ -51,7 +51,7 @@ pub fn main() {
         .unwrap_or_default()
         .split(',')
         .any(|d| d.trim() == name);
-    let driver = match runtime.block_on(sandbox_core::connect(&name, DriverConfig::from_env(&name)))
+    let driver = match runtime.block_on(runcell_core::connect(&name, DriverConfig::from_env(&name)))
     {
         Ok(d) => d,
         Err(e) if e.kind() == ErrorKind::Unavailable && !required => {
@@ -96,7 +96,7 @@ pub fn main() {
 pub enum OwnerMode {
     /// A bare run, never stopped: only `reap` can find it after the child dies.
     Bare,
-    /// A guarded run with [`sandbox_core::stop_runs_on_signal`] installed.
+    /// A guarded run with [`runcell_core::stop_runs_on_signal`] installed.
     GuardedWithSignalHandler,
 }
 
@@ -116,7 +116,7 @@ pub fn spawn_owner_child(cx: &Context, mode: OwnerMode) -> anyhow::Result<tokio:
         .kill_on_drop(true)
         .spawn()
         .context(
-            "spawning the owner child (is this case run from sandbox_conformance::harness::main?)",
+            "spawning the owner child (is this case run from runcell_conformance::harness::main?)",
         )
 }
 
@@ -135,16 +135,16 @@ pub async fn read_child_run_id(child: &mut tokio::process::Child) -> anyhow::Res
 
 async fn owner_child() -> anyhow::Result<()> {
     let name = std::env::var("SANDBOX_TEST")?;
-    let driver = sandbox_core::connect(&name, DriverConfig::from_env(&name)).await?;
+    let driver = runcell_core::connect(&name, DriverConfig::from_env(&name)).await?;
     let mut spec = RunSpec::new(std::env::var("SANDBOX_CONFORMANCE_IMAGE")?)
         .label(SESSION_LABEL, std::env::var("SANDBOX_CONFORMANCE_SESSION")?)
         .label(CASE_LABEL, std::env::var("SANDBOX_CONFORMANCE_CASE")?);
     if driver.capabilities().network_none {
-        spec.network = sandbox_core::Network::None;
+        spec.network = runcell_core::Network::None;
     }
     if std::env::var(CHILD_ENV)? == format!("{:?}", OwnerMode::GuardedWithSignalHandler) {
-        sandbox_core::stop_runs_on_signal()?;
-        let run = sandbox_core::DriverExt::start(&*driver, &spec).await?;
+        runcell_core::stop_runs_on_signal()?;
+        let run = runcell_core::DriverExt::start(&*driver, &spec).await?;
         println!("RUN {}", run.id());
         std::future::pending::<()>().await;
     } else {

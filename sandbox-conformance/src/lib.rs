@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
 use futures::future::BoxFuture;
-use sandbox_core::{Capabilities, Driver, ExecOutput, ExecSpec, Network, Run, RunExt, RunSpec};
+use runcell_core::{Capabilities, Driver, ExecOutput, ExecSpec, Network, Run, RunExt, RunSpec};
 
 pub mod cases;
 pub mod harness;

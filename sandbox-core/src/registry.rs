@@ -1,7 +1,7 @@
 //! Drivers register themselves with [`register_driver!`]; engines look them up by name.
 //!
 //! Cargo links only crates that are used: a binary that wants a driver from the registry
-//! must still depend on its crate and mention it, e.g. `use sandbox_docker as _;`.
+//! must still depend on its crate and mention it, e.g. `use runcell_docker as _;`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ inventory::collect!(DriverFactory);
 /// Registers a driver with the registry, at item level of the driver's crate.
 ///
 /// ```ignore
-/// sandbox_core::register_driver!("docker", "Docker Engine API", DockerDriver::from_config);
+/// runcell_core::register_driver!("docker", "Docker Engine API", DockerDriver::from_config);
 /// ```
 /// where `DockerDriver::from_config` is an `async fn(DriverConfig) -> Result<Arc<dyn Driver>>`.
 #[macro_export]

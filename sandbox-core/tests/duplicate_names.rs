@@ -3,22 +3,22 @@
 
 use std::sync::Arc;
 
-use sandbox_core::{Driver, DriverConfig, Error, ErrorKind, Result};
+use runcell_core::{Driver, DriverConfig, Error, ErrorKind, Result};
 
 async fn never(_: DriverConfig) -> Result<Arc<dyn Driver>> {
     Err(Error::new(ErrorKind::Unavailable, "test driver"))
 }
 
-sandbox_core::register_driver!("twin", "first", never);
-sandbox_core::register_driver!("twin", "second", never);
-sandbox_core::register_driver!("single", "only", never);
+runcell_core::register_driver!("twin", "first", never);
+runcell_core::register_driver!("twin", "second", never);
+runcell_core::register_driver!("single", "only", never);
 
 #[tokio::test]
 async fn duplicate_names_are_an_error() {
-    let e = sandbox_core::drivers().map(|_| ()).unwrap_err();
+    let e = runcell_core::drivers().map(|_| ()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config);
     assert!(e.message().contains("\"twin\""), "{e}");
-    let e = sandbox_core::connect("single", DriverConfig::default())
+    let e = runcell_core::connect("single", DriverConfig::default())
         .await
         .map(|_| ())
         .unwrap_err();

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use sandbox_core::{Driver, DriverExt, ExecSpec, Network, RunExt, RunSpec};
-use sandbox_docker::{DockerConfig, DockerDriver};
+use runcell_core::{Driver, DriverExt, ExecSpec, Network, RunExt, RunSpec};
+use runcell_docker::{DockerConfig, DockerDriver};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -20,7 +20,7 @@ fn ms(d: Duration) -> f64 {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    sandbox_core::stop_runs_on_signal()?;
+    runcell_core::stop_runs_on_signal()?;
     let rounds: usize = std::env::args()
         .nth(1)
         .map(|n| n.parse())

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use sandbox_core::{Driver, DriverExt, ExecSpec, Network, RunExt, RunSpec, labels};
-use sandbox_docker::{DockerConfig, DockerDriver};
+use runcell_core::{Driver, DriverExt, ExecSpec, Network, RunExt, RunSpec, labels};
+use runcell_docker::{DockerConfig, DockerDriver};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,7 +15,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .unwrap_or_else(|| "sandbox-test/busybox:latest".into());
     // Ctrl-C or SIGTERM while the demo runs: stop the run before exiting.
-    sandbox_core::stop_runs_on_signal()?;
+    runcell_core::stop_runs_on_signal()?;
     let driver = DockerDriver::connect(DockerConfig::default()).await?;
     let host_dir = tempfile::tempdir()?;
     let demo_label = format!("demo-{}", std::process::id());

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
-use sandbox_core::{Network, RunSpec, ca};
+use runcell_core::{Network, RunSpec, ca};
 
 /// The kept-alive process. The image's ENTRYPOINT and CMD are never run.
 pub const KEEPALIVE: [&str; 2] = ["sleep", "infinity"];
@@ -87,8 +87,8 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
 mod tests {
     use std::time::Duration;
 
-    use sandbox_core::labels::{Owner, run_labels};
-    use sandbox_core::{Proxy, RunSpec};
+    use runcell_core::labels::{Owner, run_labels};
+    use runcell_core::{Proxy, RunSpec};
 
     use super::*;
 
@@ -100,7 +100,7 @@ mod tests {
         };
         let mut l = run_labels("sbx-000000000001", &owner, None, &spec.labels);
         if spec.ttl.is_some() {
-            l.insert(sandbox_core::labels::EXPIRES_AT.into(), "1900000000".into());
+            l.insert(runcell_core::labels::EXPIRES_AT.into(), "1900000000".into());
         }
         l
     }

@@ -1,7 +1,7 @@
 //! Mapping bollard's errors into the library's kinds.
 
 use bollard::errors::Error as BollardError;
-use sandbox_core::{Error, ErrorKind};
+use runcell_core::{Error, ErrorKind};
 
 /// Maps a bollard error; `op` says what was attempted.
 pub fn map(op: &'static str, e: BollardError) -> Error {

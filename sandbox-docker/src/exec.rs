@@ -8,7 +8,7 @@ use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use futures::StreamExt;
-use sandbox_core::{
+use runcell_core::{
     EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecSpec, ExecStream, ExitStatus, OutputChunk,
     Result, Stdin,
 };
@@ -170,7 +170,7 @@ impl ExecControl for DockerExec {
 
     async fn kill(&self) -> Result<()> {
         let status = self
-            .helper(sandbox_core::KILL_SCRIPT, &[&self.marker], true)
+            .helper(runcell_core::KILL_SCRIPT, &[&self.marker], true)
             .await?;
         if status.success() {
             Ok(())

@@ -25,15 +25,15 @@ use bollard::query_parameters::{
 };
 use bytes::Bytes;
 use futures::TryStreamExt;
-use sandbox_core::labels::{self, Owner};
-use sandbox_core::{
+use runcell_core::labels::{self, Owner};
+use runcell_core::{
     Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream,
     PullPolicy, Result, Run, RunInfo, RunSpec, ca,
 };
 
 pub use body::{KEEPALIVE, container_body};
 
-sandbox_core::register_driver!(
+runcell_core::register_driver!(
     "docker",
     "Docker Engine API (bollard)",
     DockerDriver::from_config
@@ -172,7 +172,7 @@ impl DockerDriver {
             .await
             .map_err(|e| error::map("start container", e).with("run", id))?;
         let run = DockerRun::new(self.docker.clone(), id.to_string(), self.address.clone());
-        sandbox_core::run_post_create(&run, spec).await
+        runcell_core::run_post_create(&run, spec).await
     }
 
     /// Writes the CA files into the created (not yet started) container: the injected
@@ -190,7 +190,7 @@ impl DockerDriver {
         if spec.security.read_only_rootfs {
             // Only the volume at /etc/sandbox is writable; the daemon judges an upload by
             // its destination, so upload there (the system store stays as the image has it).
-            let tar = sandbox_core::tar_of_files(&[
+            let tar = runcell_core::tar_of_files(&[
                 ("ca.pem", injected.as_bytes(), 0o644),
                 ("ca-bundle.pem", bundle.as_bytes(), 0o644),
             ])?;
@@ -208,7 +208,7 @@ impl DockerDriver {
             &self.docker,
             id,
             "/",
-            sandbox_core::tar_of_files(&files)?.into(),
+            runcell_core::tar_of_files(&files)?.into(),
         )
         .await
     }
@@ -222,7 +222,7 @@ impl DockerDriver {
         };
         // A bundle that is not UTF-8 text is no usable bundle.
         Ok(
-            sandbox_core::regular_file_from_tar(&tar, path)?
+            runcell_core::regular_file_from_tar(&tar, path)?
                 .and_then(|b| String::from_utf8(b).ok()),
         )
     }
@@ -255,9 +255,9 @@ impl Driver for DockerDriver {
     }
 
     async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
-        sandbox_core::prepare(spec, &self.capabilities())?;
+        runcell_core::prepare(spec, &self.capabilities())?;
         self.ensure_image(&spec.image, spec.pull).await?;
-        let id = sandbox_core::new_run_id();
+        let id = runcell_core::new_run_id();
         let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
         let body = container_body(spec, &labels);
         let options = CreateContainerOptionsBuilder::default().name(&id).build();

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sandbox_core::{Driver, ErrorKind, ExecSpec, ExitStatus, Network, RunExt, RunSpec};
-use sandbox_docker::{DockerConfig, DockerDriver};
+use runcell_core::{Driver, ErrorKind, ExecSpec, ExitStatus, Network, RunExt, RunSpec};
+use runcell_docker::{DockerConfig, DockerDriver};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 

@@ -1,17 +1,17 @@
 //! The Docker driver is found through the registry, and bad config or an unreachable
 //! daemon give typed errors naming what was wrong. No daemon needed.
 
-use sandbox_core::{DriverConfig, ErrorKind};
-use sandbox_docker as _;
+use runcell_core::{DriverConfig, ErrorKind};
+use runcell_docker as _;
 
 #[test]
 fn docker_is_registered() {
-    assert!(sandbox_core::driver_names().unwrap().contains(&"docker"));
+    assert!(runcell_core::driver_names().unwrap().contains(&"docker"));
 }
 
 #[tokio::test]
 async fn unknown_name_lists_the_registered_ones() {
-    let e = sandbox_core::connect("dockr", DriverConfig::default())
+    let e = runcell_core::connect("dockr", DriverConfig::default())
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
@@ -24,7 +24,7 @@ async fn unknown_name_lists_the_registered_ones() {
 #[tokio::test]
 async fn unknown_config_keys_are_rejected() {
     let config = DriverConfig::new("docker", [("hots", "unix:///x.sock")]);
-    let e = sandbox_core::connect("docker", config).await.unwrap_err();
+    let e = runcell_core::connect("docker", config).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config);
     assert!(e.to_string().contains("hots"), "{e}");
 }
@@ -34,7 +34,7 @@ async fn unreachable_daemon_is_unavailable_naming_the_address() {
     let dir = tempfile::tempdir().unwrap();
     let address = format!("unix://{}/no-daemon.sock", dir.path().display());
     let config = DriverConfig::new("docker", [("host", address.as_str())]);
-    let e = sandbox_core::connect("docker", config).await.unwrap_err();
+    let e = runcell_core::connect("docker", config).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.message().contains(&address), "{e}");
 }

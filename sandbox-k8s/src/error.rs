@@ -1,6 +1,6 @@
 //! Mapping kube's errors into the library's kinds.
 
-use sandbox_core::{Error, ErrorKind};
+use runcell_core::{Error, ErrorKind};
 
 /// Maps a kube error; `op` says what was attempted.
 pub fn map(op: &'static str, e: kube::Error) -> Error {

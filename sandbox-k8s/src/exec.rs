@@ -17,7 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{AttachParams, AttachedProcess};
-use sandbox_core::{
+use runcell_core::{
     EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecSpec, ExecStream, ExitStatus, KILL_SCRIPT,
     OutputChunk, Result, Stdin,
 };

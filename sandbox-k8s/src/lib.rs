@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::{Event, Pod, Secret, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use sandbox_core::labels::{self, Owner};
-use sandbox_core::{
+use runcell_core::labels::{self, Owner};
+use runcell_core::{
     Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream,
     Result, Run, RunExt, RunInfo, RunSpec,
 };
@@ -33,7 +33,7 @@ use sandbox_core::{
 pub use exec::{WRAPPER, header, sh_quote};
 pub use pod::{CONTAINER, KEEPALIVE, PodTemplate, ca_secret_name, run_objects};
 
-sandbox_core::register_driver!(
+runcell_core::register_driver!(
     "k8s",
     "Kubernetes API (kube-rs, websocket exec)",
     K8sDriver::from_config
@@ -335,7 +335,7 @@ impl K8sDriver {
             run.put_archive(&spec.workspace.path, tar_dir(dir)?.into())
                 .await?;
         }
-        sandbox_core::run_post_create(&run, spec).await
+        runcell_core::run_post_create(&run, spec).await
     }
 }
 
@@ -470,8 +470,8 @@ impl Driver for K8sDriver {
     }
 
     async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
-        sandbox_core::prepare(spec, &self.capabilities())?;
-        let id = sandbox_core::new_run_id();
+        runcell_core::prepare(spec, &self.capabilities())?;
+        let id = runcell_core::new_run_id();
         let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
         let (pod, secret) =
             run_objects(spec, &id, &self.namespace, &labels, &self.config.template)?;
@@ -545,7 +545,7 @@ impl Driver for K8sDriver {
             .flat_map(|c| c.volume_mounts.iter().flatten())
             .find(|m| m.name == "workspace")
             .map(|m| m.mount_path.clone())
-            .unwrap_or_else(|| sandbox_core::DEFAULT_WORKSPACE_PATH.into());
+            .unwrap_or_else(|| runcell_core::DEFAULT_WORKSPACE_PATH.into());
         let host_dir = pod
             .metadata
             .annotations
@@ -646,7 +646,7 @@ impl K8sRun {
         &self,
         argv: &[&str],
         stdin: Option<Bytes>,
-    ) -> Result<sandbox_core::ExecOutput> {
+    ) -> Result<runcell_core::ExecOutput> {
         let mut spec = ExecSpec::new(argv.iter().copied())
             .working_dir("/")
             .output_limit(1 << 30);
@@ -657,7 +657,7 @@ impl K8sRun {
     }
 }
 
-fn tar_error(out: &sandbox_core::ExecOutput, path: &str, run: &str) -> Error {
+fn tar_error(out: &runcell_core::ExecOutput, path: &str, run: &str) -> Error {
     let stderr = out.stderr_str();
     let kind = if stderr.contains("No such file") || stderr.contains("can't change directory") {
         ErrorKind::NotFound

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use sandbox_core::{Error, PullPolicy, Result, RunSpec, ca};
+use runcell_core::{Error, PullPolicy, Result, RunSpec, ca};
 
 /// The name of the workload container.
 pub const CONTAINER: &str = "sandbox";
@@ -251,8 +251,8 @@ fn parse_user(user: &str) -> Result<(Option<i64>, Option<i64>)> {
 mod tests {
     use std::time::Duration;
 
-    use sandbox_core::labels::{Owner, run_labels};
-    use sandbox_core::{ErrorKind, Proxy};
+    use runcell_core::labels::{Owner, run_labels};
+    use runcell_core::{ErrorKind, Proxy};
 
     use super::*;
 
@@ -264,7 +264,7 @@ mod tests {
         };
         let mut l = run_labels("sbx-000000000001", &owner, None, &spec.labels);
         if spec.ttl.is_some() {
-            l.insert(sandbox_core::labels::EXPIRES_AT.into(), "1900000000".into());
+            l.insert(runcell_core::labels::EXPIRES_AT.into(), "1900000000".into());
         }
         l
     }

@@ -32,7 +32,7 @@ enum Task {
         #[arg(long, default_value = "docker")]
         driver: String,
         /// The package whose `conformance` test binary links the driver.
-        #[arg(long, default_value = "sandbox-conformance")]
+        #[arg(long, default_value = "runcell-conformance")]
         package: String,
         /// Extra arguments for the test binary (a filter, --list, ...).
         #[arg(last = true)]
@@ -62,7 +62,7 @@ fn main() -> Result<()> {
                     "run",
                     "--quiet",
                     "-p",
-                    "sandbox-docker",
+                    "runcell-docker",
                     "--example",
                     "demo",
                 ],
@@ -78,7 +78,7 @@ fn main() -> Result<()> {
                     "--quiet",
                     "--release",
                     "-p",
-                    "sandbox-docker",
+                    "runcell-docker",
                     "--example",
                     "bench",
                 ],
@@ -131,7 +131,7 @@ fn main() -> Result<()> {
                 &[],
             )?;
             cargo(&["test", "--workspace", "--quiet"], &[])?;
-            conformance("docker", "sandbox-conformance", &[], &[])?;
+            conformance("docker", "runcell-conformance", &[], &[])?;
             // The example third-party driver, from its own crate.
             conformance("audit", "sandbox-driver-audit", &[], &[])?;
             // The cluster goes down again whatever happened, unless asked to stay.
@@ -155,7 +155,7 @@ fn k8s_tests(admin: &std::path::Path) -> Result<()> {
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
     conformance(
         "k8s",
-        "sandbox-conformance",
+        "runcell-conformance",
         &[],
         &[("KUBECONFIG", restricted.into())],
     )?;
@@ -163,7 +163,7 @@ fn k8s_tests(admin: &std::path::Path) -> Result<()> {
     eprintln!("the k8s suite again with exec_v4_compatible=true (stdin framed, never closed)");
     conformance(
         "k8s",
-        "sandbox-conformance",
+        "runcell-conformance",
         &[],
         &[
             ("KUBECONFIG", restricted.into()),

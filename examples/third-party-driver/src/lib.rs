@@ -3,7 +3,7 @@
 //! name only (never arguments, which may hold secrets).
 //!
 //! It registers itself through the registry, so an engine finds it by name:
-//! `sandbox_core::connect("audit", DriverConfig::from_env("audit"))`, and it passes the
+//! `runcell_core::connect("audit", DriverConfig::from_env("audit"))`, and it passes the
 //! shared suite: `SANDBOX_TEST=audit cargo test -p sandbox-driver-audit --test conformance`.
 #![forbid(unsafe_code)]
 
@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sandbox_core::{
+use runcell_core::{
     Capabilities, Driver, DriverConfig, ExecSpec, ExecStream, Result, Run, RunInfo, RunSpec,
 };
-use sandbox_docker::{DockerConfig, DockerDriver};
+use runcell_docker::{DockerConfig, DockerDriver};
 
-sandbox_core::register_driver!(
+runcell_core::register_driver!(
     "audit",
     "Docker, with per-run exec counting",
     AuditDriver::from_config

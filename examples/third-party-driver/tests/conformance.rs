@@ -4,5 +4,5 @@
 use sandbox_driver_audit as _;
 
 fn main() {
-    sandbox_conformance::harness::main()
+    runcell_conformance::harness::main()
 }

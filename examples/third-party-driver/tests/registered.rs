@@ -1,11 +1,11 @@
 //! The driver is found by name next to the built-in one, with no central list.
 
-use sandbox_core::{DriverConfig, ErrorKind};
+use runcell_core::{DriverConfig, ErrorKind};
 use sandbox_driver_audit as _;
 
 #[test]
 fn found_by_name_next_to_docker() {
-    let names = sandbox_core::driver_names().unwrap();
+    let names = runcell_core::driver_names().unwrap();
     assert!(
         names.contains(&"audit") && names.contains(&"docker"),
         "{names:?}"
@@ -14,7 +14,7 @@ fn found_by_name_next_to_docker() {
 
 #[tokio::test]
 async fn its_config_is_checked() {
-    let e = sandbox_core::connect("audit", DriverConfig::new("audit", [("bogus", "1")]))
+    let e = runcell_core::connect("audit", DriverConfig::new("audit", [("bogus", "1")]))
         .await
         .map(|_| ())
         .unwrap_err();

@@ -1,7 +1,7 @@
 //! Environment, proxy and CA injection.
 
 use anyhow::ensure;
-use sandbox_core::{DriverExt, ExecSpec, Proxy, RunExt};
+use runcell_core::{DriverExt, ExecSpec, Proxy, RunExt};
 
 use crate::{Context, TEST_CA, sh_stdout};
 

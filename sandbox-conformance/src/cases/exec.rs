@@ -2,7 +2,7 @@
 
 use anyhow::ensure;
 use bytes::Bytes;
-use sandbox_core::{DriverExt, ExecSpec, ExitStatus, OutputChunk, RunExt};
+use runcell_core::{DriverExt, ExecSpec, ExitStatus, OutputChunk, RunExt};
 
 use crate::{Context, sh_stdout};
 
@@ -98,7 +98,7 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
             .map(|_| ())
             .unwrap_err();
         ensure!(
-            e.kind() == sandbox_core::ErrorKind::Unsupported && e.field() == Some("stdin"),
+            e.kind() == runcell_core::ErrorKind::Unsupported && e.field() == Some("stdin"),
             "piped stdin without the capability: {e}"
         );
         run.stop().await?;

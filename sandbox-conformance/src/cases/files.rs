@@ -1,7 +1,7 @@
 //! Files in and out of a run.
 
 use anyhow::{bail, ensure};
-use sandbox_core::{DriverExt, ErrorKind, RunExt};
+use runcell_core::{DriverExt, ErrorKind, RunExt};
 
 use crate::{Context, sh_stdout};
 

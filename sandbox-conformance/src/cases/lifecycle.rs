@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use sandbox_core::{DriverExt, ErrorKind, ExecSpec, RunExt};
+use runcell_core::{DriverExt, ErrorKind, ExecSpec, RunExt};
 
 use crate::{Context, sh_stdout};
 
@@ -212,7 +212,7 @@ pub async fn missing_image_is_not_found(cx: &Context) -> anyhow::Result<()> {
     let image = "sandbox-test/does-not-exist:never";
     let mut spec = cx.spec();
     spec.image = image.into();
-    spec.pull = sandbox_core::PullPolicy::Never;
+    spec.pull = runcell_core::PullPolicy::Never;
     match cx.driver.create(&spec).await {
         Ok(run) => {
             run.stop().await?;

@@ -1,6 +1,6 @@
 //! The cases, grouped by concern. Each is a public async function of a [`Context`].
 
-use sandbox_core::Capabilities;
+use runcell_core::Capabilities;
 
 use crate::{Case, Context};
 

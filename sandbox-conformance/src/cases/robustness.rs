@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use sandbox_core::{
+use runcell_core::{
     DriverExt, ErrorKind, ExecSpec, ExitStatus, OutputChunk, ReapReason, Run, RunExt,
 };
 
@@ -292,7 +292,7 @@ pub async fn reap_removes_runs_of_a_killed_owner(cx: &Context) -> anyhow::Result
         live.iter().any(|r| r.id == id),
         "the killed owner's run {id} is not listed"
     );
-    let reaped = sandbox_core::reap(&*cx.driver, &cx.case_selector()).await?;
+    let reaped = runcell_core::reap(&*cx.driver, &cx.case_selector()).await?;
     ensure!(
         reaped.contains(&(id.clone(), ReapReason::OwnerGone)),
         "reap removed {reaped:?}, not {id}"
@@ -334,7 +334,7 @@ pub async fn ttl_expired_runs_are_reaped(cx: &Context) -> anyhow::Result<()> {
     let expiring = cx.driver.start(&spec).await?;
     let keeper = cx.driver.start(&cx.spec()).await?;
     tokio::time::sleep(Duration::from_millis(4200)).await;
-    let reaped = sandbox_core::reap(&*cx.driver, &cx.case_selector()).await?;
+    let reaped = runcell_core::reap(&*cx.driver, &cx.case_selector()).await?;
     let listed = cx.driver.list(&cx.case_selector()).await?;
     ensure!(
         !listed.iter().any(|r| r.id == expiring.id()),

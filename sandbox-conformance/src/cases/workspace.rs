@@ -1,7 +1,7 @@
 //! The workspace, the working directory and post-create commands.
 
 use anyhow::ensure;
-use sandbox_core::{DriverExt, ErrorKind, ExecSpec, RunExt};
+use runcell_core::{DriverExt, ErrorKind, ExecSpec, RunExt};
 
 use crate::{Context, sh_stdout};
 
