@@ -83,6 +83,13 @@ impl Error {
         e
     }
 
+    /// Names the spec field at fault, for any kind (e.g. an exec's `working_dir` that does
+    /// not exist in the run: [`ErrorKind::NotFound`] naming `working_dir`).
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
     /// Adds a context pair (operation, run id, image, address...).
     pub fn with(mut self, key: &'static str, value: impl fmt::Display) -> Self {
         self.context.push((key, value.to_string()));
@@ -105,7 +112,9 @@ impl Error {
         &self.message
     }
 
-    /// The spec field at fault, for [`ErrorKind::InvalidSpec`] and [`ErrorKind::Unsupported`].
+    /// The spec field at fault: always for [`ErrorKind::InvalidSpec`] and
+    /// [`ErrorKind::Unsupported`], and for errors caused by one field's value (a missing
+    /// working directory, an unknown user, a missing image).
     pub fn field(&self) -> Option<&str> {
         self.field.as_deref()
     }

@@ -57,6 +57,7 @@ exit 0
 
 /// How an exec ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExitStatus {
     /// The process exited with this code.
     Exited(i32),
@@ -68,9 +69,34 @@ pub enum ExitStatus {
     /// The connection failed before the status was known. The process may have run; it
     /// was killed where still reachable. Never a success.
     TransportLost(String),
+    /// The command never started because a field of the exec names something the run does
+    /// not have: `working_dir` (no such directory) or `user` (no such user). A missing or
+    /// non-executable program is not this: it is `Exited(127)` / `Exited(126)` with the
+    /// reason on stderr, as a shell reports it. [`crate::RunExt::exec`] turns this into an
+    /// [`ErrorKind::NotFound`] error naming the field.
+    NotStarted {
+        /// The exec field at fault: `working_dir` or `user`.
+        field: String,
+        /// What the engine or the sandbox said.
+        reason: String,
+    },
 }
 
 impl ExitStatus {
+    /// The [`ErrorKind::NotFound`] error naming the field, for [`ExitStatus::NotStarted`].
+    pub fn not_started_error(&self) -> Option<Error> {
+        match self {
+            ExitStatus::NotStarted { field, reason } => Some(
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("the command did not start: {reason}"),
+                )
+                .with_field(field.clone()),
+            ),
+            _ => None,
+        }
+    }
+
     /// Maps an engine's exit code: `128 + N` (N a signal number, 1–64) is a signal death.
     pub fn from_code(code: i64) -> ExitStatus {
         match code {
@@ -100,6 +126,9 @@ impl fmt::Display for ExitStatus {
             ExitStatus::Signaled(s) => write!(f, "killed by signal {s}"),
             ExitStatus::TimedOut => f.write_str("timed out"),
             ExitStatus::TransportLost(why) => write!(f, "transport lost: {why}"),
+            ExitStatus::NotStarted { field, reason } => {
+                write!(f, "not started ({field}): {reason}")
+            }
         }
     }
 }

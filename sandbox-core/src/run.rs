@@ -70,9 +70,17 @@ pub trait Run: Send + Sync + fmt::Debug {
 pub trait RunExt: Run {
     /// Runs a command to its end and returns its buffered output, each stream capped at
     /// [`ExecSpec::output_limit`] (default [`DEFAULT_OUTPUT_LIMIT`]).
+    ///
+    /// A command that could not start because the exec's `working_dir` or `user` does not
+    /// exist in the run is an [`ErrorKind::NotFound`] error naming that field
+    /// ([`crate::ExitStatus::NotStarted`] on a stream).
     async fn exec(&self, spec: ExecSpec) -> Result<ExecOutput> {
         let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
-        Ok(self.exec_stream(spec).await?.collect(limit).await)
+        let out = self.exec_stream(spec).await?.collect(limit).await;
+        match out.status.not_started_error() {
+            Some(e) => Err(e.with("run", self.id())),
+            None => Ok(out),
+        }
     }
 
     /// Writes one file (parent directory must exist) with `mode`.
