@@ -3,7 +3,7 @@
 //! Cargo links only crates that are used: a binary that wants a driver from the registry
 //! must still depend on its crate and mention it, e.g. `use runcell_docker as _;`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -46,46 +46,78 @@ macro_rules! register_driver {
     };
 }
 
-/// Every registered driver, sorted by name. Two registrations of one name are an error.
+/// Every registration, sorted by name. A name registered twice (two linked crates chose
+/// the same one) appears twice here; only [`connect`] of that name fails. The `Result`
+/// is part of the signature for callers that report registry errors; listing never fails.
 pub fn drivers() -> Result<Vec<&'static DriverFactory>> {
     let mut all: Vec<&'static DriverFactory> =
         inventory::iter::<DriverFactory>.into_iter().collect();
     all.sort_by_key(|f| f.name);
-    if let Some(w) = all.windows(2).find(|w| w[0].name == w[1].name) {
-        return Err(Error::new(
-            ErrorKind::Config,
-            format!("two drivers are registered under the name {:?}", w[0].name),
-        ));
-    }
     Ok(all)
 }
 
-/// The names of the registered drivers.
+/// The registered names, sorted, each once.
 pub fn driver_names() -> Result<Vec<&'static str>> {
-    Ok(drivers()?.into_iter().map(|f| f.name).collect())
+    let mut names: Vec<&'static str> = drivers()?.into_iter().map(|f| f.name).collect();
+    names.dedup();
+    Ok(names)
 }
 
-/// Connects the driver registered as `name`.
-pub async fn connect(name: &str, config: DriverConfig) -> Result<Arc<dyn Driver>> {
+/// The one registration of `name`: [`ErrorKind::NotFound`] listing the registered names
+/// when there is none, [`ErrorKind::Config`] naming both when there are two.
+fn lookup(name: &str) -> Result<&'static DriverFactory> {
     let all = drivers()?;
-    match all.iter().find(|f| f.name == name) {
-        Some(f) => (f.connect)(config).await,
-        None => Err(Error::new(
+    let matching: Vec<&'static DriverFactory> =
+        all.iter().copied().filter(|f| f.name == name).collect();
+    match matching.as_slice() {
+        [one] => Ok(one),
+        [] => Err(Error::new(
             ErrorKind::NotFound,
             format!(
                 "no driver named {name:?}; registered: [{}] (is the driver's crate linked? add `use <crate> as _;`)",
-                all.iter().map(|f| f.name).collect::<Vec<_>>().join(", ")
+                driver_names()?.join(", ")
+            ),
+        )),
+        several => Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "{} drivers are registered under the name {name:?} ({}): the binary links two crates that chose the same name; link only one of them",
+                several.len(),
+                several
+                    .iter()
+                    .map(|f| format!("{:?}", f.description))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )),
     }
 }
 
-/// A driver's configuration as string pairs, read with typed getters. Drivers remove the
-/// keys they know and call [`DriverConfig::finish`], which rejects the rest.
+/// Connects the driver registered as `name`.
+pub async fn connect(name: &str, config: DriverConfig) -> Result<Arc<dyn Driver>> {
+    let factory = lookup(name)?;
+    (factory.connect)(config).await
+}
+
+/// A driver's configuration as string pairs, read with typed getters. Drivers take the
+/// keys they know with [`take`](DriverConfig::take) or
+/// [`take_parsed`](DriverConfig::take_parsed) and then call
+/// [`finish`](DriverConfig::finish), which rejects the rest.
+///
+/// Every key a driver asks for is recorded, so the unknown-key error lists the valid keys
+/// (and, for a config read by [`from_env`](DriverConfig::from_env), names the variables)
+/// without extra work in the driver. A key read only under some condition can be declared
+/// with [`accept`](DriverConfig::accept).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DriverConfig {
     driver: String,
     values: BTreeMap<String, String>,
+    /// `Some(prefix)` when the pairs came from `<prefix><KEY>` environment variables.
+    prefix: Option<String>,
+    /// For a config from the environment: key -> the exact variable it came from.
+    env_names: BTreeMap<String, String>,
+    /// Every key the driver took or declared.
+    known: BTreeSet<String>,
 }
 
 impl DriverConfig {
@@ -102,57 +134,113 @@ impl DriverConfig {
                 .into_iter()
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
+            ..DriverConfig::default()
         }
     }
 
+    /// The environment-variable prefix of `driver`'s config: `SANDBOX_<DRIVER>_`, with
+    /// the name upper-cased and `-` as `_`.
+    pub fn env_prefix(driver: &str) -> String {
+        format!("SANDBOX_{}_", driver.to_ascii_uppercase().replace('-', "_"))
+    }
+
     /// Reads `SANDBOX_<DRIVER>_<KEY>` variables: `SANDBOX_DOCKER_HOST=x` gives `host = x`.
+    /// Every such variable must be a key of the driver: errors name the variable.
     pub fn from_env(driver: &str) -> DriverConfig {
-        let prefix = format!("SANDBOX_{}_", driver.to_ascii_uppercase().replace('-', "_"));
-        DriverConfig::new(
-            driver,
-            std::env::vars().filter_map(|(k, v)| {
-                k.strip_prefix(&prefix)
-                    .map(|key| (key.to_ascii_lowercase(), v))
-            }),
-        )
+        DriverConfig::from_vars(driver, std::env::vars())
+    }
+
+    /// [`from_env`](DriverConfig::from_env) over the given variables instead of the
+    /// process environment.
+    pub fn from_vars<I, K, V>(driver: &str, vars: I) -> DriverConfig
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let prefix = DriverConfig::env_prefix(driver);
+        let mut config = DriverConfig::new(driver, std::iter::empty::<(String, String)>());
+        for (name, value) in vars {
+            let name = name.into();
+            if let Some(key) = name.strip_prefix(&prefix) {
+                let key = key.to_ascii_lowercase();
+                config.values.insert(key.clone(), value.into());
+                config.env_names.insert(key, name);
+            }
+        }
+        config.prefix = Some(prefix);
+        config
     }
 
     /// Takes a string value.
     pub fn take(&mut self, key: &str) -> Option<String> {
+        self.known.insert(key.to_string());
         self.values.remove(key)
     }
 
-    /// Takes and parses a value, naming the key on error.
+    /// Takes and parses a value, naming the key (or its variable) on error.
     pub fn take_parsed<T>(&mut self, key: &str) -> Result<Option<T>>
     where
         T: std::str::FromStr,
         T::Err: std::fmt::Display,
     {
-        match self.values.remove(key) {
+        let source = self.source_of(key);
+        match self.take(key) {
             None => Ok(None),
             Some(v) => v.parse().map(Some).map_err(|e| {
                 Error::new(
                     ErrorKind::Config,
-                    format!("{}: {key} = {v:?}: {e}", self.driver),
+                    format!("{}: {source} = {v:?}: {e}", self.driver),
                 )
+                .with_field(key)
             }),
         }
     }
 
-    /// Rejects keys no one took (typos), naming them.
+    /// Declares keys the driver accepts without taking them now (read only under some
+    /// condition), so that the unknown-key error still lists them as valid.
+    pub fn accept<'a>(&mut self, keys: impl IntoIterator<Item = &'a str>) -> &mut Self {
+        self.known.extend(keys.into_iter().map(str::to_string));
+        self
+    }
+
+    /// Where `key` comes from, as a user would write it: the variable, or the key.
+    fn source_of(&self, key: &str) -> String {
+        match (&self.prefix, self.env_names.get(key)) {
+            (_, Some(var)) => var.clone(),
+            (Some(prefix), None) => format!("{prefix}{}", key.to_ascii_uppercase()),
+            (None, None) => key.to_string(),
+        }
+    }
+
+    /// Rejects keys no one took (typos), naming each (as the environment variable it came
+    /// from, for a config from [`from_env`](DriverConfig::from_env)) and listing the
+    /// valid ones: those the driver took or declared before calling this.
     pub fn finish(self) -> Result<()> {
         if self.values.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::new(
-                ErrorKind::Config,
-                format!(
-                    "{}: unknown config keys: {}",
-                    self.driver,
-                    self.values.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            ))
+            return Ok(());
         }
+        let unknown: Vec<String> = self.values.keys().map(|k| self.source_of(k)).collect();
+        let what = match (self.prefix.is_some(), unknown.len()) {
+            (true, 1) => "unknown config variable",
+            (true, _) => "unknown config variables",
+            (false, 1) => "unknown config key",
+            (false, _) => "unknown config keys",
+        };
+        let valid = if self.known.is_empty() {
+            format!("the {} driver takes no config", self.driver)
+        } else {
+            let valid: Vec<String> = self.known.iter().map(|k| self.source_of(k)).collect();
+            format!("valid: {}", valid.join(", "))
+        };
+        let mut error = Error::new(
+            ErrorKind::Config,
+            format!("{}: {what} {}; {valid}", self.driver, unknown.join(", ")),
+        );
+        if let [one] = unknown.as_slice() {
+            error = error.with_field(one.clone());
+        }
+        Err(error)
     }
 }
 
@@ -164,14 +252,73 @@ mod tests {
     fn config_rejects_unknown_keys_and_bad_values() {
         let mut c = DriverConfig::new("x", [("a", "1"), ("b", "two"), ("typo", "")]);
         assert_eq!(c.take_parsed::<u32>("a").unwrap(), Some(1));
-        assert!(
-            c.take_parsed::<u32>("b")
-                .unwrap_err()
-                .to_string()
-                .contains("b = \"two\"")
-        );
+        let e = c.take_parsed::<u32>("b").unwrap_err();
+        assert!(e.to_string().contains("b = \"two\""), "{e}");
+        assert_eq!(e.field(), Some("b"));
         let e = c.finish().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(e.to_string().contains("typo"));
+        assert_eq!(e.field(), Some("typo"));
+        assert_eq!(e.message(), "x: unknown config key typo; valid: a, b");
+    }
+
+    #[test]
+    fn unknown_variable_is_named_with_the_valid_ones() {
+        let vars = [
+            ("SANDBOX_DOCKER_HOSTT", "unix:///x.sock"),
+            ("SANDBOX_DOCKER_TIMEOUT_SECS", "5"),
+            ("SANDBOX_K8S_NAMESPACE", "not ours"),
+            ("PATH", "/bin"),
+        ];
+        let mut c = DriverConfig::from_vars("docker", vars);
+        assert_eq!(c.take("host"), None);
+        assert_eq!(c.take_parsed::<u64>("timeout_secs").unwrap(), Some(5));
+        let e = c.finish().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert_eq!(e.field(), Some("SANDBOX_DOCKER_HOSTT"));
+        assert_eq!(
+            e.message(),
+            "docker: unknown config variable SANDBOX_DOCKER_HOSTT; \
+             valid: SANDBOX_DOCKER_HOST, SANDBOX_DOCKER_TIMEOUT_SECS"
+        );
+    }
+
+    #[test]
+    fn bad_value_from_the_environment_names_the_variable() {
+        let mut c = DriverConfig::from_vars("my-driver", [("SANDBOX_MY_DRIVER_PORT", "x")]);
+        let e = c.take_parsed::<u16>("port").unwrap_err();
+        assert!(
+            e.message()
+                .starts_with("my-driver: SANDBOX_MY_DRIVER_PORT = \"x\": "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn declared_keys_count_as_valid() {
+        let mut c = DriverConfig::new("x", [("a", "1"), ("b", "2")]);
+        c.accept(["tls_cert", "tls_key"]);
+        c.take("a");
+        let e = c.finish().unwrap_err();
+        assert_eq!(
+            e.message(),
+            "x: unknown config key b; valid: a, tls_cert, tls_key"
+        );
+    }
+
+    #[test]
+    fn a_driver_without_config_says_so() {
+        let c = DriverConfig::new("x", [("a", "1"), ("b", "2")]);
+        assert_eq!(
+            c.finish().unwrap_err().message(),
+            "x: unknown config keys a, b; the x driver takes no config"
+        );
+    }
+
+    #[test]
+    fn a_clean_config_finishes() {
+        let mut c = DriverConfig::from_vars("x", [("SANDBOX_X_A", "1")]);
+        c.take("a");
+        c.finish().unwrap();
+        DriverConfig::default().finish().unwrap();
     }
 }
