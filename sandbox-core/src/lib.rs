@@ -13,6 +13,7 @@ pub mod ca;
 mod capabilities;
 mod error;
 mod exec;
+pub mod files;
 pub mod labels;
 mod registry;
 mod run;
@@ -24,11 +25,11 @@ pub use exec::{
     DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecControl, ExecOutput, ExecStream, ExitStatus,
     KILL_SCRIPT, OutputChunk, StdinWriter,
 };
+pub use files::{ByteStream, FileReader};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
 pub use run::{
     CreateGuard, Driver, DriverExt, ReapReason, Run, RunExt, RunGuard, RunInfo, new_run_id,
-    prepare, reap, regular_file_from_tar, run_post_create, stop_guarded_runs, stop_runs_on_signal,
-    tar_of_files,
+    prepare, reap, run_post_create, stop_guarded_runs, stop_runs_on_signal,
 };
 pub use spec::{
     DEFAULT_WORKSPACE_PATH, ExecSpec, Network, Proxy, PullPolicy, Resources, RunSpec, Security,
@@ -36,5 +37,6 @@ pub use spec::{
 };
 
 pub use async_trait::async_trait;
+pub use bytes::Bytes;
 #[doc(hidden)]
 pub use inventory;

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{DEFAULT_OUTPUT_LIMIT, ExecOutput, ExecStream};
+use crate::files::{self, ByteStream};
 use crate::labels::{self, Owner};
 use crate::spec::{ExecSpec, RunSpec};
 
@@ -55,11 +55,14 @@ pub trait Run: Send + Sync + fmt::Debug {
     /// errors mean the exec could not start (invalid spec, run lost, backend down).
     async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream>;
 
-    /// Extracts a tar archive into the directory `dir` (which must exist).
-    async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()>;
+    /// Extracts a tar archive, read as a stream, into the directory `dir` (which must
+    /// exist). It never replaces a directory with a non-directory or the reverse: that is
+    /// [`ErrorKind::InvalidSpec`] naming `path`, and what was there is left as it was.
+    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()>;
 
-    /// A tar archive of `path` (a file or directory), with `path`'s base name at its root.
-    async fn get_archive(&self, path: &str) -> Result<Bytes>;
+    /// A tar archive of `path` (a file or directory) as a stream, with `path`'s base name
+    /// at its root. A path that does not exist is [`ErrorKind::NotFound`].
+    async fn get_archive(&self, path: &str) -> Result<ByteStream>;
 
     /// Removes the target and everything created for the run. Idempotent; no grace period.
     async fn stop(&self) -> Result<()>;
@@ -83,40 +86,47 @@ pub trait RunExt: Run {
         }
     }
 
-    /// Writes one file (parent directory must exist) with `mode`.
+    /// Writes one file (its parent directory must exist) with `mode`, replacing a regular
+    /// file of that name. `path` must be absolute and name a file; a path that is a
+    /// directory in the run is [`ErrorKind::InvalidSpec`] naming `path`, and nothing is
+    /// changed. For large files see [`RunExt::put_file_stream`].
     async fn put_file(&self, path: &str, contents: &[u8], mode: u32) -> Result<()> {
-        let (dir, name) = split_path(path)?;
-        self.put_archive(dir, tar_of_files(&[(name, contents, mode)])?.into())
+        let len = contents.len() as u64;
+        self.put_file_stream(path, std::io::Cursor::new(contents.to_vec()), len, mode)
             .await
     }
 
-    /// Reads one regular file.
-    async fn get_file(&self, path: &str) -> Result<Vec<u8>> {
-        let tar = self.get_archive(path).await?;
-        regular_file_from_tar(&tar, path)?
-            .ok_or_else(|| Error::new(ErrorKind::Backend, "not a regular file").with("path", path))
+    /// Writes one file of exactly `len` bytes read from `contents`, streaming: memory stays
+    /// bounded whatever the size. Same path rules as [`RunExt::put_file`].
+    async fn put_file_stream<R>(&self, path: &str, contents: R, len: u64, mode: u32) -> Result<()>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    {
+        let (dir, name) = files::split_file_path(path)?;
+        let tar = files::file_tar_stream(name, contents, len, mode)?;
+        self.put_archive(dir, tar)
+            .await
+            .map_err(|e| e.with("path", path))
     }
-}
 
-/// The contents of the first entry of a tar archive (as [`Run::get_archive`] returns it),
-/// `None` when the archive is empty or the entry is not a regular file.
-pub fn regular_file_from_tar(tar: &[u8], path: &str) -> Result<Option<Vec<u8>>> {
-    let bad = |e: std::io::Error| {
-        Error::new(ErrorKind::Backend, "unreadable tar archive")
-            .with("path", path)
-            .with_source(e)
-    };
-    let mut archive = tar::Archive::new(tar);
-    let Some(entry) = archive.entries().map_err(bad)?.next() else {
-        return Ok(None);
-    };
-    let mut entry = entry.map_err(bad)?;
-    if entry.header().entry_type() != tar::EntryType::Regular {
-        return Ok(None);
+    /// Reads one regular file into memory, at most [`files::FILE_LIMIT`] bytes (a larger
+    /// file is [`ErrorKind::InvalidSpec`] naming `path`; use [`RunExt::get_file_stream`]).
+    /// A directory is [`ErrorKind::InvalidSpec`] naming `path`; a missing file
+    /// [`ErrorKind::NotFound`].
+    async fn get_file(&self, path: &str) -> Result<Vec<u8>> {
+        self.get_file_stream(path)
+            .await?
+            .read_all(files::FILE_LIMIT, path)
+            .await
     }
-    let mut buf = Vec::new();
-    std::io::Read::read_to_end(&mut entry, &mut buf).map_err(bad)?;
-    Ok(Some(buf))
+
+    /// Reads one regular file as a stream ([`files::FileReader`] is an `AsyncRead` that
+    /// knows the size): memory stays bounded whatever the size.
+    async fn get_file_stream(&self, path: &str) -> Result<files::FileReader> {
+        files::split_file_path(path)?;
+        let tar = self.get_archive(path).await?;
+        files::file_from_tar_stream(tar, path).await
+    }
 }
 
 impl<T: Run + ?Sized> RunExt for T {}
@@ -185,29 +195,6 @@ impl Drop for CreateGuard {
     }
 }
 
-/// A tar archive of regular files: `(path inside the archive, contents, mode)`.
-pub fn tar_of_files(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
-    let bad = |e: std::io::Error| {
-        Error::new(ErrorKind::Backend, "could not build a tar archive").with_source(e)
-    };
-    let mtime = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let mut builder = tar::Builder::new(Vec::new());
-    for (path, contents, mode) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(contents.len() as u64);
-        header.set_mode(*mode);
-        header.set_mtime(mtime);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder
-            .append_data(&mut header, path.trim_start_matches('/'), *contents)
-            .map_err(bad)?;
-    }
-    builder.into_inner().map_err(bad)
-}
-
 /// Runs the spec's post-create commands in order, with the run's env and directory.
 /// The first failure is [`ErrorKind::PostCreateFailed`] with its status and the tails of
 /// its output; the caller then removes the run.
@@ -233,15 +220,6 @@ pub async fn run_post_create(run: &dyn Run, spec: &RunSpec) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn split_path(path: &str) -> Result<(&str, &str)> {
-    let bad = || Error::invalid_spec("path", format!("{path:?} must be an absolute file path"));
-    if !path.starts_with('/') || path.ends_with('/') {
-        return Err(bad());
-    }
-    let (dir, name) = path.rsplit_once('/').ok_or_else(bad)?;
-    Ok((if dir.is_empty() { "/" } else { dir }, name))
 }
 
 /// Conveniences over [`Driver`].
@@ -518,13 +496,5 @@ mod tests {
         assert!(id.starts_with("sbx-"));
         labels::validate_value(&id).unwrap();
         assert_ne!(new_run_id(), new_run_id());
-    }
-
-    #[test]
-    fn file_paths_split() {
-        assert_eq!(split_path("/a/b.txt").unwrap(), ("/a", "b.txt"));
-        assert_eq!(split_path("/b").unwrap(), ("/", "b"));
-        assert!(split_path("b").is_err());
-        assert!(split_path("/a/").is_err());
     }
 }

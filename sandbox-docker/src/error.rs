@@ -26,3 +26,11 @@ pub fn status(e: &BollardError) -> Option<u16> {
         _ => None,
     }
 }
+
+/// The daemon's message of an error answer (empty otherwise).
+pub fn message(e: &BollardError) -> &str {
+    match e {
+        BollardError::DockerResponseServerError { message, .. } => message,
+        _ => "",
+    }
+}

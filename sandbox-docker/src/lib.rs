@@ -23,12 +23,11 @@ use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
     ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
-use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use runcell_core::labels::{self, Owner};
 use runcell_core::{
-    Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream,
-    PullPolicy, Result, Run, RunInfo, RunSpec, ca,
+    ByteStream, Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec,
+    ExecStream, PullPolicy, Result, Run, RunInfo, RunSpec, ca, files,
 };
 
 pub use body::{KEEPALIVE, container_body};
@@ -190,11 +189,11 @@ impl DockerDriver {
         if spec.security.read_only_rootfs {
             // Only the volume at /etc/sandbox is writable; the daemon judges an upload by
             // its destination, so upload there (the system store stays as the image has it).
-            let tar = runcell_core::tar_of_files(&[
+            let tar = files::tar_of_files(&[
                 ("ca.pem", injected.as_bytes(), 0o644),
                 ("ca-bundle.pem", bundle.as_bytes(), 0o644),
             ])?;
-            return put_archive(&self.docker, id, ca::DIR, tar.into()).await;
+            return put_archive(&self.docker, id, ca::DIR, files::byte_stream(tar)).await;
         }
         let mut files: Vec<(&str, &[u8], u32)> = vec![
             (ca::CA_FILE, injected.as_bytes(), 0o644),
@@ -208,7 +207,7 @@ impl DockerDriver {
             &self.docker,
             id,
             "/",
-            runcell_core::tar_of_files(&files)?.into(),
+            files::byte_stream(files::tar_of_files(&files)?),
         )
         .await
     }
@@ -220,11 +219,11 @@ impl DockerDriver {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        // A bundle that is not UTF-8 text is no usable bundle.
-        Ok(
-            runcell_core::regular_file_from_tar(&tar, path)?
-                .and_then(|b| String::from_utf8(b).ok()),
-        )
+        // Not a regular file, or not UTF-8 text: no usable bundle.
+        let Ok(file) = files::file_from_tar_stream(tar, path).await else {
+            return Ok(None);
+        };
+        Ok(String::from_utf8(file.read_all(files::FILE_LIMIT, path).await?).ok())
     }
 }
 
@@ -384,32 +383,59 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<()> {
     }
 }
 
-async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: Bytes) -> Result<()> {
-    let options = UploadToContainerOptionsBuilder::default().path(dir).build();
-    docker
-        .upload_to_container(id, Some(options), bollard::body_full(tar))
+async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
+    runcell_core::files::validate_dir_path(dir)?;
+    // The daemon must never replace a directory with a file or the reverse: without this
+    // flag, a file named like an existing directory (`/workspace`) replaces it, content and
+    // all (through a bind mount, on the host).
+    let options = UploadToContainerOptionsBuilder::default()
+        .path(dir)
+        .no_overwrite_dir_non_dir("true")
+        .build();
+    match docker
+        .upload_to_container(id, Some(options), bollard::body_try_stream(tar))
         .await
-        .map_err(|e| {
-            error::map("upload archive", e)
-                .with("run", id)
-                .with("path", dir)
-        })
+    {
+        Ok(()) => Ok(()),
+        Err(e) if error::status(&e) == Some(400) && error::message(&e).contains("overwrite") => {
+            Err(Error::invalid_spec(
+                "path",
+                format!(
+                    "would replace a directory with a non-directory (or the reverse) in {dir}: {}",
+                    error::message(&e)
+                ),
+            )
+            .with("run", id))
+        }
+        Err(e) => Err(error::map("upload archive", e)
+            .with("run", id)
+            .with("path", dir)),
+    }
 }
 
-async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<Bytes> {
+async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<ByteStream> {
     let options = DownloadFromContainerOptionsBuilder::default()
         .path(path)
         .build();
-    let chunks: Vec<Bytes> = docker
-        .download_from_container(id, Some(options))
-        .try_collect()
-        .await
-        .map_err(|e| {
-            error::map("download archive", e)
+    let mut chunks = docker.download_from_container(id, Some(options));
+    // The daemon's answer (404, 409, ...) comes with the first item: read it here so that
+    // it is a typed error, not a broken stream.
+    let first = match chunks.next().await {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => {
+            let mapped = error::map("download archive", e)
                 .with("run", id)
-                .with("path", path)
-        })?;
-    Ok(chunks.concat().into())
+                .with("path", path);
+            return Err(if mapped.kind() == ErrorKind::NotFound {
+                mapped.with_field("path")
+            } else {
+                mapped
+            });
+        }
+    };
+    let rest = chunks.map_err(std::io::Error::other);
+    Ok(futures::stream::iter(first.map(Ok)).chain(rest).boxed())
 }
 
 /// One run: a container entered by exec.
@@ -451,13 +477,13 @@ impl Run for DockerRun {
             .map_err(|e| self.locate(e))
     }
 
-    async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()> {
+    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
         put_archive(&self.docker, &self.id, dir, tar)
             .await
             .map_err(|e| self.locate(e))
     }
 
-    async fn get_archive(&self, path: &str) -> Result<Bytes> {
+    async fn get_archive(&self, path: &str) -> Result<ByteStream> {
         get_archive(&self.docker, &self.id, path)
             .await
             .map_err(|e| self.locate(e))

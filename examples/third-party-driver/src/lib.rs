@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use bytes::Bytes;
+
 use runcell_core::{
-    Capabilities, Driver, DriverConfig, ExecSpec, ExecStream, Result, Run, RunInfo, RunSpec,
+    ByteStream, Capabilities, Driver, DriverConfig, ExecSpec, ExecStream, Result, Run, RunInfo,
+    RunSpec,
 };
 use runcell_docker::{DockerConfig, DockerDriver};
 
@@ -115,11 +116,11 @@ impl Run for AuditRun {
         self.inner.exec_stream(spec).await
     }
 
-    async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()> {
+    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
         self.inner.put_archive(dir, tar).await
     }
 
-    async fn get_archive(&self, path: &str) -> Result<Bytes> {
+    async fn get_archive(&self, path: &str) -> Result<ByteStream> {
         self.inner.get_archive(path).await
     }
 
