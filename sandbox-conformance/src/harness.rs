@@ -6,9 +6,22 @@
 //! fn main() { runcell_conformance::harness::main() }
 //! ```
 //!
-//! `SANDBOX_TEST=<name>` picks the driver, `SANDBOX_<NAME>_<KEY>` its config.
-//! Unset: the suite says so and runs nothing. A driver listed in `SANDBOX_REQUIRE`
-//! (comma-separated) that cannot be connected is a failure instead of a skip.
+//! The environment decides what it does:
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `SANDBOX_TEST=<name>` | the driver to test; its config comes from `SANDBOX_<NAME>_<KEY>` |
+//! | `SANDBOX_TEST=none` | the suite deliberately does not run here (`cargo xtask test` sets it for its `cargo test --workspace` step and runs the suite per driver afterwards) |
+//! | `SANDBOX_REQUIRE=a,b` | strict: every skip is a failure, and so is a listed driver that cannot be connected |
+//! | `CI` (non-empty, not `false`/`0`) | strict, as above |
+//! | `SANDBOX_CONFORMANCE_SESSION` | the session label value to put on every run (default: a random one), so that the caller can check for leftovers of exactly this session |
+//! | `SANDBOX_CONFORMANCE_IMAGE` | the suite's image |
+//!
+//! With `SANDBOX_TEST` unset, a strict binary fails, saying what to set; otherwise it
+//! prints a `skipped` line and shows one ignored test, so `cargo test --workspace` on a
+//! developer's machine passes without a backend but never silently. A tested driver
+//! whose backend is unreachable ([`ErrorKind::Unavailable`]) is skipped the same way, or
+//! a failure when strict.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -22,6 +35,14 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use crate::{CASE_LABEL, CASES, Context, DEFAULT_IMAGE, SESSION_LABEL, run_case};
 
 const CHILD_ENV: &str = "SANDBOX_CONFORMANCE_OWNER_CHILD";
+/// The variable that picks the driver under test (`none`: deliberately not run here).
+pub const TEST_ENV: &str = "SANDBOX_TEST";
+/// Comma-separated driver names whose absence is a failure; non-empty makes every skip one.
+pub const REQUIRE_ENV: &str = "SANDBOX_REQUIRE";
+/// The session label value for every run of this invocation (default: random).
+pub const SESSION_ENV: &str = "SANDBOX_CONFORMANCE_SESSION";
+/// The suite's image (default [`DEFAULT_IMAGE`]).
+pub const IMAGE_ENV: &str = "SANDBOX_CONFORMANCE_IMAGE";
 
 /// The entry point of a conformance test binary.
 pub fn main() {
@@ -41,30 +62,43 @@ pub fn main() {
         });
     }
     let args = Arguments::from_args();
-    let Ok(name) = std::env::var("SANDBOX_TEST") else {
-        println!(
-            "SANDBOX_TEST is not set: the conformance suite is skipped (e.g. SANDBOX_TEST=docker)"
-        );
-        libtest_mimic::run(&args, Vec::new()).exit();
-    };
-    let required = std::env::var("SANDBOX_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|d| d.trim() == name);
-    let driver = match runtime.block_on(runcell_core::connect(&name, DriverConfig::from_env(&name)))
-    {
-        Ok(d) => d,
-        Err(e) if e.kind() == ErrorKind::Unavailable && !required => {
-            println!("driver {name} is unavailable, the conformance suite is skipped: {e}");
+    let strict = Strictness::from_env();
+    let registered = runcell_core::driver_names().unwrap_or_default();
+    let name = match Plan::new(
+        std::env::var(TEST_ENV).ok().as_deref(),
+        &strict,
+        &registered,
+    ) {
+        Plan::Test(name) => name,
+        Plan::NotHere => {
+            println!("conformance: not run here ({TEST_ENV}=none)");
             libtest_mimic::run(&args, Vec::new()).exit();
         }
-        Err(e) => {
-            eprintln!("cannot connect driver {name}: {e}");
-            std::process::exit(1);
-        }
+        Plan::Skip { why, shown_as } => skip(&args, &why, &shown_as),
+        Plan::Fail(message) => fail(&message),
     };
-    let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.into());
-    let cx = Context::new(driver, image);
+    let config = DriverConfig::from_env(&name);
+    let driver = match runtime.block_on(runcell_core::connect(&name, config)) {
+        Ok(d) => d,
+        Err(e) if e.kind() == ErrorKind::Unavailable => {
+            match Plan::unavailable(&name, &e.to_string(), &strict) {
+                Plan::Skip { why, shown_as } => skip(&args, &why, &shown_as),
+                Plan::Fail(message) => fail(&message),
+                other => unreachable!("{other:?}"),
+            }
+        }
+        Err(e) => fail(&format!("cannot connect driver {name}: {e}")),
+    };
+    let image = std::env::var(IMAGE_ENV).unwrap_or_else(|_| DEFAULT_IMAGE.into());
+    let cx = match std::env::var(SESSION_ENV) {
+        Ok(session) if !session.is_empty() => {
+            if let Err(why) = runcell_core::labels::validate_value(&session) {
+                fail(&format!("{SESSION_ENV}: {why}"));
+            }
+            Context::with_session(driver, image, session)
+        }
+        _ => Context::new(driver, image),
+    };
     println!(
         "conformance: driver {name}, session {}, capabilities {:?}",
         cx.session(),
@@ -91,6 +125,109 @@ pub fn main() {
     conclusion.exit()
 }
 
+/// Whether a skip is allowed: not when `CI` is set or `SANDBOX_REQUIRE` names anything.
+#[derive(Debug, Default)]
+struct Strictness {
+    ci: Option<String>,
+    required: Vec<String>,
+}
+
+impl Strictness {
+    fn from_env() -> Strictness {
+        Strictness::new(
+            std::env::var("CI").ok().as_deref(),
+            std::env::var(REQUIRE_ENV).ok().as_deref(),
+        )
+    }
+
+    fn new(ci: Option<&str>, require: Option<&str>) -> Strictness {
+        Strictness {
+            ci: ci
+                .filter(|v| !v.is_empty() && *v != "false" && *v != "0")
+                .map(str::to_string),
+            required: require
+                .unwrap_or_default()
+                .split(',')
+                .map(|d| d.trim().to_string())
+                .filter(|d| !d.is_empty())
+                .collect(),
+        }
+    }
+
+    /// Why skipping is a failure here, if it is.
+    fn reason(&self) -> Option<String> {
+        if !self.required.is_empty() {
+            Some(format!("{REQUIRE_ENV}={}", self.required.join(",")))
+        } else {
+            self.ci.as_ref().map(|ci| format!("CI={ci}"))
+        }
+    }
+}
+
+/// What this binary does, decided from the environment before anything connects.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// Test the driver of this name.
+    Test(String),
+    /// `SANDBOX_TEST=none`: the suite runs in another step.
+    NotHere,
+    /// Nothing is tested, and that is allowed here: say why, show one ignored test.
+    Skip { why: String, shown_as: String },
+    /// Nothing is tested, but the environment requires the suite.
+    Fail(String),
+}
+
+impl Plan {
+    fn new(test: Option<&str>, strict: &Strictness, registered: &[&str]) -> Plan {
+        let registered = registered.join(", ");
+        match test.map(str::trim) {
+            Some("none") => Plan::NotHere,
+            Some(name) if !name.is_empty() => Plan::Test(name.to_string()),
+            _ => match strict.reason() {
+                Some(reason) => Plan::Fail(format!(
+                    "{TEST_ENV} is not set, so no driver is tested, but {reason} requires the \
+                     suite: set {TEST_ENV}=<driver> (registered in this binary: {registered}), \
+                     or {TEST_ENV}=none where the suite runs in a separate step"
+                )),
+                None => Plan::Skip {
+                    why: format!(
+                        "set {TEST_ENV}=<driver> to run the suite (registered in this binary: {registered})"
+                    ),
+                    shown_as: format!("skipped (set {TEST_ENV}=<driver>)"),
+                },
+            },
+        }
+    }
+
+    /// The driver picked could not reach its backend.
+    fn unavailable(name: &str, error: &str, strict: &Strictness) -> Plan {
+        match strict.reason() {
+            Some(reason) => Plan::Fail(format!(
+                "driver {name} is unavailable, and with {reason} a skip is a failure: {error}"
+            )),
+            None => Plan::Skip {
+                why: format!(
+                    "driver {name} is unavailable: {error} ({REQUIRE_ENV}={name} makes this a failure)"
+                ),
+                shown_as: format!("{name}::skipped (unavailable)"),
+            },
+        }
+    }
+}
+
+/// Prints why nothing runs and shows it as one ignored test, then exits 0.
+fn skip(args: &Arguments, why: &str, trial: &str) -> ! {
+    eprintln!("conformance: skipped: {why}");
+    let shown = Trial::test(trial, || Ok(())).with_ignored_flag(true);
+    libtest_mimic::run(args, vec![shown]).exit()
+}
+
+/// Prints what is wrong and what to set, then exits 1.
+fn fail(message: &str) -> ! {
+    eprintln!("conformance: error: {message}");
+    std::process::exit(1)
+}
+
 /// How the owner child holds its run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwnerMode {
@@ -107,9 +244,9 @@ pub fn spawn_owner_child(cx: &Context, mode: OwnerMode) -> anyhow::Result<tokio:
     let selector = cx.case_selector();
     tokio::process::Command::new(exe)
         .env(CHILD_ENV, format!("{mode:?}"))
-        .env("SANDBOX_TEST", cx.driver.name())
-        .env("SANDBOX_CONFORMANCE_IMAGE", &cx.image)
-        .env("SANDBOX_CONFORMANCE_SESSION", &selector[SESSION_LABEL])
+        .env(TEST_ENV, cx.driver.name())
+        .env(IMAGE_ENV, &cx.image)
+        .env(SESSION_ENV, &selector[SESSION_LABEL])
         .env("SANDBOX_CONFORMANCE_CASE", &selector[CASE_LABEL])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -134,10 +271,10 @@ pub async fn read_child_run_id(child: &mut tokio::process::Child) -> anyhow::Res
 }
 
 async fn owner_child() -> anyhow::Result<()> {
-    let name = std::env::var("SANDBOX_TEST")?;
+    let name = std::env::var(TEST_ENV)?;
     let driver = runcell_core::connect(&name, DriverConfig::from_env(&name)).await?;
-    let mut spec = RunSpec::new(std::env::var("SANDBOX_CONFORMANCE_IMAGE")?)
-        .label(SESSION_LABEL, std::env::var("SANDBOX_CONFORMANCE_SESSION")?)
+    let mut spec = RunSpec::new(std::env::var(IMAGE_ENV)?)
+        .label(SESSION_LABEL, std::env::var(SESSION_ENV)?)
         .label(CASE_LABEL, std::env::var("SANDBOX_CONFORMANCE_CASE")?);
     if driver.capabilities().network_none {
         spec.network = runcell_core::Network::None;
@@ -154,4 +291,64 @@ async fn owner_child() -> anyhow::Result<()> {
         std::future::pending::<()>().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REGISTERED: &[&str] = &["docker", "k8s"];
+
+    #[test]
+    fn a_driver_named_is_tested() {
+        let plan = Plan::new(Some(" docker "), &Strictness::default(), REGISTERED);
+        assert_eq!(plan, Plan::Test("docker".into()));
+    }
+
+    #[test]
+    fn nothing_named_skips_loudly_on_a_developer_machine() {
+        for test in [None, Some(""), Some("  ")] {
+            let strict = Strictness::new(Some("false"), Some(" , "));
+            let Plan::Skip { why, shown_as } = Plan::new(test, &strict, REGISTERED) else {
+                panic!("{test:?} should skip");
+            };
+            assert!(why.contains("set SANDBOX_TEST=<driver>"), "{why}");
+            assert!(why.contains("docker, k8s"), "{why}");
+            assert_eq!(shown_as, "skipped (set SANDBOX_TEST=<driver>)");
+        }
+    }
+
+    #[test]
+    fn nothing_named_fails_when_required_or_in_ci() {
+        for (ci, require, reason) in [
+            (None, Some("audit"), "SANDBOX_REQUIRE=audit"),
+            (Some("true"), None, "CI=true"),
+            (Some("1"), Some("docker,k8s"), "SANDBOX_REQUIRE=docker,k8s"),
+        ] {
+            let strict = Strictness::new(ci, require);
+            let Plan::Fail(message) = Plan::new(None, &strict, REGISTERED) else {
+                panic!("{ci:?} {require:?} should fail");
+            };
+            assert!(message.contains(reason), "{message}");
+            assert!(message.contains("set SANDBOX_TEST=<driver>"), "{message}");
+            assert!(message.contains("SANDBOX_TEST=none"), "{message}");
+        }
+    }
+
+    #[test]
+    fn none_means_not_here_even_when_required() {
+        let strict = Strictness::new(Some("true"), Some("docker"));
+        assert_eq!(Plan::new(Some("none"), &strict, REGISTERED), Plan::NotHere);
+    }
+
+    #[test]
+    fn an_unavailable_driver_skips_only_when_nothing_is_required() {
+        let lax = Plan::unavailable("docker", "no daemon", &Strictness::default());
+        assert!(matches!(lax, Plan::Skip { ref why, .. } if why.contains("no daemon")));
+        let strict = Strictness::new(None, Some("docker"));
+        let Plan::Fail(message) = Plan::unavailable("docker", "no daemon", &strict) else {
+            panic!("should fail");
+        };
+        assert!(message.contains("SANDBOX_REQUIRE=docker"), "{message}");
+    }
 }

@@ -117,6 +117,19 @@ impl Context {
         );
         Ok(())
     }
+
+    /// A context for a suite session with a given id (a label value), e.g. one the caller
+    /// chose so that it can look for leftovers of exactly this session afterwards.
+    pub fn with_session(
+        driver: Arc<dyn Driver>,
+        image: impl Into<String>,
+        session: impl Into<String>,
+    ) -> Context {
+        Context {
+            session: session.into(),
+            ..Context::new(driver, image)
+        }
+    }
 }
 
 /// One case of the suite.
