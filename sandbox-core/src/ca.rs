@@ -55,12 +55,26 @@ pub fn parse_certificates(pem_text: &str) -> Result<String> {
                 format!("PEM block {i} is a {:?}, not a CERTIFICATE", block.tag()),
             ));
         }
-        x509_parser::parse_x509_certificate(block.contents()).map_err(|e| {
+        let (_, cert) = x509_parser::parse_x509_certificate(block.contents()).map_err(|e| {
             Error::invalid_spec(
                 "ca_bundle",
                 format!("PEM block {i} is not an X.509 certificate: {e}"),
             )
         })?;
+        // A certificate no TLS client will accept now is a mistake to report here, not
+        // a handshake failure to puzzle over later.
+        let validity = cert.validity();
+        if !validity.is_valid() {
+            return Err(Error::invalid_spec(
+                "ca_bundle",
+                format!(
+                    "certificate {i} ({}) is not valid now: valid from {} to {}",
+                    cert.subject(),
+                    validity.not_before,
+                    validity.not_after
+                ),
+            ));
+        }
         out.push_str(&pem::encode_config(
             block,
             pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),

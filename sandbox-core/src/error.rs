@@ -21,6 +21,10 @@ pub enum ErrorKind {
     Timeout,
     /// A post-create command failed; the run was removed. Context holds its exit code and output.
     PostCreateFailed,
+    /// The target was created but did not stay running or did not answer an exec (no
+    /// `sleep` or `sh` in the image, a keep-alive that exits, limits too small to start);
+    /// the run was removed. Context holds the exit code and the log tail where known.
+    StartFailed,
     /// The driver configuration given to the registry or constructor is wrong.
     Config,
     /// The backend answered with an error that fits no other kind.
@@ -37,6 +41,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::RunLost => "run lost",
             ErrorKind::Timeout => "timed out",
             ErrorKind::PostCreateFailed => "post-create command failed",
+            ErrorKind::StartFailed => "the sandbox did not start",
             ErrorKind::Config => "invalid driver config",
             ErrorKind::Backend => "backend error",
         })

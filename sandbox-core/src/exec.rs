@@ -30,28 +30,75 @@ pub const DEFAULT_OUTPUT_LIMIT: usize = 16 << 20;
 /// processes of one exec (and their descendants, which inherit it) by it when they kill.
 pub const EXEC_ID_ENV: &str = "SANDBOX_EXEC_ID";
 
-/// A POSIX shell script that kills every process whose environment carries `SANDBOX_EXEC_ID=$1`: TERM, up to one
-/// second of grace, then KILL. Descendants inherit the variable, so grandchildren that
-/// left the process group (setsid, daemons) are found too. Needs a POSIX `sh`, `tr` and
-/// `grep` in the image.
+/// A POSIX shell script (`sh -c KILL_SCRIPT kill <exec id>`) that kills every process
+/// of one exec: those whose environment carries `SANDBOX_EXEC_ID=<exec id>`, every member
+/// of a process group or session one of them belongs to (runc makes each exec's root a
+/// session leader, so this finds children that cleared their environment), and every
+/// descendant of any of these through `/proc` parent links (so also those that called
+/// `setsid` and cleared their environment while their parent lived). It never signals
+/// its own session or process group, or PID 1's. Everything found is stopped (SIGSTOP,
+/// so nothing forks meanwhile), found again, then gets TERM and CONT, and KILL after one
+/// second. Needs a POSIX `sh` with `cat`, `tr`, `grep` and `sleep` (BusyBox or coreutils).
+///
+/// What can still escape: a process that cleared its environment, left the exec's
+/// session (`setsid`) and whose parent had exited before the kill, i.e. a deliberately
+/// daemonised process; and processes of another user when the kill lacks `CAP_KILL`.
 pub const KILL_SCRIPT: &str = r#"
 id="$1"
-signal() {
-  found=1
+me=$$
+info() {
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  echo "${s##*) }"
+}
+set -- $(info $me); my_pg=$3; my_sid=$4
+set -- $(info 1); one_pg=$3; one_sid=$4
+pids=" "
+groups=" "
+add_group() {
+  case "$1" in 0|1|"$my_pg"|"$my_sid"|"$one_pg"|"$one_sid") return;; esac
+  case "$groups" in *" $1 "*) ;; *) groups="$groups$1 ";; esac
+}
+collect() {
   for d in /proc/[0-9]*; do
-    [ "${d#/proc/}" = "$$" ] && continue
+    p=${d#/proc/}
+    [ "$p" = "$me" ] && continue
+    case "$pids" in *" $p "*) continue;; esac
     if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "SANDBOX_EXEC_ID=$id"; then
-      kill "-$1" "${d#/proc/}" 2>/dev/null && found=0
+      pids="$pids$p "
+      set -- $(info "$p") && { add_group "$3"; add_group "$4"; }
     fi
   done
-  return $found
+  changed=1
+  while [ "$changed" = 1 ]; do
+    changed=0
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      [ "$p" = "$me" ] && continue
+      case "$pids" in *" $p "*) continue;; esac
+      set -- $(info "$p") || continue
+      case "$pids$groups" in *" $2 "*|*" $3 "*|*" $4 "*) pids="$pids$p "; changed=1;; esac
+    done
+  done
 }
-signal TERM || exit 0
+alive() {
+  for p in $pids; do
+    set -- $(info "$p") || continue
+    [ "$1" != Z ] && return 0
+  done
+  return 1
+}
+collect
+[ "$pids" = " " ] && exit 0
+kill -STOP $pids 2>/dev/null
+collect
+kill -STOP $pids 2>/dev/null
+kill -TERM $pids 2>/dev/null
+kill -CONT $pids 2>/dev/null
 for _ in 1 2 3 4 5 6 7 8 9 10; do
+  alive || exit 0
   sleep 0.1
-  signal 0 || exit 0
 done
-signal KILL
+kill -KILL $pids 2>/dev/null
 exit 0
 "#;
 
@@ -222,9 +269,11 @@ impl ExecStream {
             tokio::spawn(feed_stdin(sink, source, cancel.clone()));
         }
 
+        // A timeout too long to add to the clock is no deadline at all.
         let deadline = spec
             .timeout
-            .map(|t| tokio::time::Instant::from_std(started + t));
+            .and_then(|t| started.checked_add(t))
+            .map(tokio::time::Instant::from_std);
         tokio::spawn(pump(
             output,
             control,

@@ -127,11 +127,21 @@ impl Owner {
     /// Whether the owner still lives: `Some(false)` only when it ran on this host and its
     /// pid is gone or now belongs to a process started at another time; `None` when that
     /// cannot be known here (another host).
+    ///
+    /// Unknown liveness means keep: a host without `/proc` (or whose name is unknown)
+    /// cannot judge, so it never reports an owner as gone.
     pub fn is_alive(&self) -> Option<bool> {
-        if self.host != hostname() {
+        self.liveness(std::path::Path::new("/proc"), &hostname())
+    }
+
+    fn liveness(&self, proc_root: &std::path::Path, this_host: &str) -> Option<bool> {
+        if self.host == UNKNOWN_HOST || self.host != this_host {
             return None;
         }
-        match process_start(self.pid) {
+        if !proc_root.join("self/stat").exists() {
+            return None;
+        }
+        match process_start_in(proc_root, self.pid) {
             None => Some(false),
             Some(start) => Some(self.start == 0 || start == self.start),
         }
@@ -151,11 +161,12 @@ pub fn run_labels(
     labels.insert(OWNER_PID.into(), owner.pid.to_string());
     labels.insert(OWNER_START.into(), owner.start.to_string());
     if let Some(ttl) = ttl {
-        let expires = SystemTime::now() + ttl;
-        let secs = expires
+        let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        // A TTL too long to add is as good as none, but keeps a label: it never expires.
+        let secs = now.saturating_add(ttl.as_secs());
         labels.insert(EXPIRES_AT.into(), secs.to_string());
     }
     // Applied last so that nothing can override it.
@@ -170,15 +181,22 @@ fn hostname() -> String {
         .unwrap_or_default();
     let host = sanitize_value(raw.trim());
     if host.is_empty() {
-        "unknown".into()
+        UNKNOWN_HOST.into()
     } else {
         host
     }
 }
 
+/// The owner host recorded when the host name cannot be read.
+const UNKNOWN_HOST: &str = "unknown";
+
 /// The start time of `pid` in clock ticks since boot (field 22 of `/proc/PID/stat`).
 fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    process_start_in(std::path::Path::new("/proc"), pid)
+}
+
+fn process_start_in(proc_root: &std::path::Path, pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(format!("{pid}/stat"))).ok()?;
     // The command name (field 2) may contain spaces and parentheses: skip past the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
@@ -187,6 +205,40 @@ fn process_start(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_liveness_is_never_dead() {
+        let me = Owner::current();
+        let proc = std::path::Path::new("/proc");
+        assert_eq!(me.liveness(proc, &me.host), Some(true));
+        // No /proc here: cannot tell, so keep.
+        let empty = std::env::temp_dir().join("runcell-no-proc");
+        assert_eq!(me.liveness(&empty, &me.host), None);
+        // Another host, or an owner whose host was unknown: cannot tell.
+        assert_eq!(me.liveness(proc, "elsewhere"), None);
+        let unknown = Owner {
+            host: UNKNOWN_HOST.into(),
+            ..me.clone()
+        };
+        assert_eq!(unknown.liveness(proc, UNKNOWN_HOST), None);
+        // A pid that is gone, on this host with /proc: dead.
+        let gone = Owner {
+            pid: u32::MAX - 1,
+            ..me
+        };
+        assert_eq!(gone.liveness(proc, &gone.host), Some(false));
+    }
+
+    #[test]
+    fn a_huge_ttl_saturates() {
+        let labels = run_labels(
+            "r",
+            &Owner::current(),
+            Some(Duration::MAX),
+            &BTreeMap::new(),
+        );
+        assert_eq!(labels[EXPIRES_AT], u64::MAX.to_string());
+    }
 
     #[test]
     fn keys_and_values() {

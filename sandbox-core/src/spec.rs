@@ -204,6 +204,96 @@ impl RunSpec {
         self
     }
 
+    /// Sets the pull policy.
+    pub fn pull(mut self, policy: PullPolicy) -> Self {
+        self.pull = policy;
+        self
+    }
+
+    /// Sets the workspace path inside the sandbox (default `/workspace`).
+    pub fn workspace_path(mut self, path: impl Into<String>) -> Self {
+        self.workspace.path = path.into();
+        self
+    }
+
+    /// Sets the outbound proxy.
+    pub fn proxy(mut self, proxy: Proxy) -> Self {
+        self.proxy = proxy;
+        self
+    }
+
+    /// Trusts these extra CA certificates (PEM) inside the run.
+    pub fn ca_bundle(mut self, pem: impl Into<String>) -> Self {
+        self.ca_bundle = Some(pem.into());
+        self
+    }
+
+    /// Sets the working directory of every exec.
+    pub fn working_dir(mut self, dir: impl Into<String>) -> Self {
+        self.working_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets the user of every exec.
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// Sets the memory limit in bytes.
+    pub fn memory_bytes(mut self, bytes: u64) -> Self {
+        self.resources.memory_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets the CPU limit in cores.
+    pub fn cpus(mut self, cpus: f64) -> Self {
+        self.resources.cpus = Some(cpus);
+        self
+    }
+
+    /// Sets the maximum number of processes.
+    pub fn pids(mut self, pids: u32) -> Self {
+        self.resources.pids = Some(pids);
+        self
+    }
+
+    /// Sets the network mode.
+    pub fn network(mut self, network: Network) -> Self {
+        self.network = network;
+        self
+    }
+
+    /// Sets the hardening options.
+    pub fn security(mut self, security: Security) -> Self {
+        self.security = security;
+        self
+    }
+
+    /// Drops a Linux capability (`ALL`, `NET_RAW`, ...).
+    pub fn cap_drop(mut self, capability: impl Into<String>) -> Self {
+        self.security.cap_drop.push(capability.into());
+        self
+    }
+
+    /// Mounts the root filesystem read-only.
+    pub fn read_only_rootfs(mut self, on: bool) -> Self {
+        self.security.read_only_rootfs = on;
+        self
+    }
+
+    /// Sets `no_new_privileges` (on by default).
+    pub fn no_new_privileges(mut self, on: bool) -> Self {
+        self.security.no_new_privileges = on;
+        self
+    }
+
+    /// Sets the maximum lifetime of the run.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
     /// Adds a label.
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), value.into());
@@ -247,15 +337,7 @@ impl RunSpec {
 
     /// Checks every field; the first problem is returned naming its field.
     pub fn validate(&self) -> Result<()> {
-        if self.image.trim().is_empty() {
-            return Err(Error::invalid_spec("image", "must not be empty"));
-        }
-        if self.image.chars().any(|c| c.is_whitespace() || c == '\0') {
-            return Err(Error::invalid_spec(
-                "image",
-                "must not contain whitespace or NUL",
-            ));
-        }
+        validate_image(&self.image)?;
         validate_abs_path("workspace.path", &self.workspace.path)?;
         let ws = self.workspace.path.trim_end_matches('/');
         if ws.is_empty()
@@ -293,6 +375,19 @@ impl RunSpec {
             }
         }
         validate_env("env", &self.env)?;
+        let total: usize = self
+            .run_env()
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2)
+            .sum();
+        if total > MAX_ENV_TOTAL {
+            return Err(Error::invalid_spec(
+                "env",
+                format!(
+                    "the run's environment (with proxy and CA variables) is {total} bytes, more than {MAX_ENV_TOTAL}: pass large data as a file"
+                ),
+            ));
+        }
         for (name, value) in [
             ("proxy.http", &self.proxy.http),
             ("proxy.https", &self.proxy.https),
@@ -318,13 +413,8 @@ impl RunSpec {
         if let Some(dir) = &self.working_dir {
             validate_abs_path("working_dir", dir)?;
         }
-        if let Some(user) = &self.user
-            && (user.is_empty() || user.contains('\0') || user.chars().any(char::is_whitespace))
-        {
-            return Err(Error::invalid_spec(
-                "user",
-                "must be a non-empty name or uid[:gid] without whitespace",
-            ));
+        if let Some(user) = &self.user {
+            validate_user(user)?;
         }
         for (k, v) in &self.labels {
             crate::labels::validate_key(k)
@@ -440,6 +530,12 @@ impl ExecSpec {
         self
     }
 
+    /// Sets the user (`uid[:gid]` or a name, where the driver supports it).
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
     /// Feeds these bytes on stdin, then EOF.
     pub fn stdin_bytes(mut self, bytes: impl Into<Bytes>) -> Self {
         self.stdin = Stdin::Bytes(bytes.into());
@@ -471,12 +567,16 @@ impl ExecSpec {
         if let Some(dir) = &self.working_dir {
             validate_abs_path("working_dir", dir)?;
         }
-        if let Some(user) = &self.user
-            && (user.is_empty() || user.contains('\0'))
-        {
+        if let Some(user) = &self.user {
+            validate_user(user)?;
+        }
+        let total: usize = self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        if total > MAX_ENV_TOTAL {
             return Err(Error::invalid_spec(
-                "user",
-                "must be non-empty, without NUL",
+                "env",
+                format!(
+                    "is {total} bytes in all, over {MAX_ENV_TOTAL}: pass large data on stdin or as a file"
+                ),
             ));
         }
         if self.timeout == Some(Duration::ZERO) {
@@ -497,14 +597,17 @@ impl fmt::Debug for EnvNames<'_> {
     }
 }
 
-/// A URL with any `user:password@` replaced.
+/// A URL with everything between the scheme (if any) and the last `@` hidden, whatever
+/// the URL's form (`http://u:p@h`, `u:p@h:3128`, a password holding `/` or `@`).
 fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***@{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_string(),
+    let Some(at) = url.rfind('@') else {
+        return url.to_string();
+    };
+    let start = url.find("://").map_or(0, |i| i + 3);
+    if start > at {
+        return url.to_string();
     }
+    format!("{}***@{}", &url[..start], &url[at + 1..])
 }
 
 impl fmt::Debug for Proxy {
@@ -568,6 +671,14 @@ impl fmt::Debug for ExecSpec {
     }
 }
 
+/// The kernel's limit for one argument or `NAME=value` string, with its NUL
+/// (`MAX_ARG_STRLEN`, 128 KiB).
+pub const MAX_ARG_STRLEN: usize = 128 << 10;
+
+/// The most the library lets argv, or the environment, weigh in all (1 MiB; the kernel
+/// allows a quarter of the stack limit for both together, usually 2 MiB).
+pub const MAX_ENV_TOTAL: usize = 1 << 20;
+
 fn validate_argv(field: &str, argv: &[String]) -> Result<()> {
     if argv.is_empty() || argv[0].is_empty() {
         return Err(Error::invalid_spec(field, "must name a program"));
@@ -578,7 +689,195 @@ fn validate_argv(field: &str, argv: &[String]) -> Result<()> {
             "must not contain NUL",
         ));
     }
+    if let Some(i) = argv.iter().position(|a| a.len() + 1 > MAX_ARG_STRLEN) {
+        return Err(Error::invalid_spec(
+            format!("{field}[{i}]"),
+            format!(
+                "is {} bytes, over the kernel's {MAX_ARG_STRLEN}-byte limit for one argument: pass large data on stdin or as a file",
+                argv[i].len()
+            ),
+        ));
+    }
+    let total: usize = argv.iter().map(|a| a.len() + 1).sum();
+    if total > MAX_ENV_TOTAL {
+        return Err(Error::invalid_spec(
+            field,
+            format!(
+                "is {total} bytes in all, over {MAX_ENV_TOTAL}: pass large data on stdin or as a file"
+            ),
+        ));
+    }
     Ok(())
+}
+
+fn validate_user(user: &str) -> Result<()> {
+    if user.is_empty() || user.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::invalid_spec(
+            "user",
+            "must be a non-empty name or uid[:gid] without whitespace or control characters",
+        ));
+    }
+    if user.starts_with('-') || user.matches(':').count() > 1 {
+        return Err(Error::invalid_spec(
+            "user",
+            format!("{user:?} is not a user name or uid[:gid]"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an image reference against the grammar engines accept
+/// (`[host[:port]/]path[:tag][@algorithm:hex]`, path components lowercase), so that a
+/// reference no engine can use is an invalid spec naming `image`, not a backend error.
+pub fn validate_image(image: &str) -> Result<()> {
+    let bad = |why: String| Error::invalid_spec("image", format!("{image:?} {why}"));
+    if image.is_empty() {
+        return Err(Error::invalid_spec("image", "must not be empty"));
+    }
+    if image.len() > 4096 || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad(
+            "is not an image reference (whitespace, control characters or too long)".into(),
+        ));
+    }
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    if let Some(digest) = digest {
+        let (algorithm, hex) = digest
+            .split_once(':')
+            .ok_or_else(|| bad("has a digest without algorithm:hex".into()))?;
+        let algorithm_ok = !algorithm.is_empty()
+            && algorithm.split(['+', '.', '_', '-']).all(|c| {
+                c.chars().next().is_some_and(|f| f.is_ascii_alphabetic())
+                    && c.chars().all(|x| x.is_ascii_alphanumeric())
+            });
+        if !algorithm_ok || hex.len() < 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(bad(format!("has an invalid digest {digest:?}")));
+        }
+    }
+    // A tag is after the last ':' that follows the last '/'.
+    let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[last_slash..].rfind(':') {
+        Some(i) => (&rest[..last_slash + i], Some(&rest[last_slash + i + 1..])),
+        None => (rest, None),
+    };
+    if let Some(tag) = tag {
+        let ok = !tag.is_empty()
+            && tag.len() <= 128
+            && tag
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            && tag
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !ok {
+            return Err(bad(format!("has an invalid tag {tag:?}")));
+        }
+    }
+    if name.is_empty() || name.len() > 255 {
+        return Err(bad(
+            "has no repository name, or one over 255 characters".into()
+        ));
+    }
+    let mut components: Vec<&str> = name.split('/').collect();
+    // The first component is a registry host when it looks like one.
+    if components.len() > 1 {
+        let first = components[0];
+        if first.contains(['.', ':'])
+            || first == "localhost"
+            || first.chars().any(|c| c.is_ascii_uppercase())
+        {
+            validate_registry_host(first).map_err(|why| bad(why))?;
+            components.remove(0);
+        }
+    }
+    for component in components {
+        if !is_path_component(component) {
+            return Err(bad(format!(
+                "has an invalid repository component {component:?} (lowercase letters, digits and . _ __ - separators)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_registry_host(host: &str) -> std::result::Result<(), String> {
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let (ip, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("has an invalid registry host {host:?}"))?;
+        if ip.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("has an invalid registry host {host:?}"));
+        }
+        (None, after.strip_prefix(':'))
+    } else {
+        match host.split_once(':') {
+            Some((n, p)) => (Some(n), Some(p)),
+            None => (Some(host), None),
+        }
+    };
+    if let Some(name) = name {
+        let ok = name.split('.').all(|c| {
+            !c.is_empty()
+                && c.chars().all(|x| x.is_ascii_alphanumeric() || x == '-')
+                && !c.starts_with('-')
+                && !c.ends_with('-')
+        });
+        if !ok {
+            return Err(format!("has an invalid registry host {host:?}"));
+        }
+    }
+    if let Some(port) = port
+        && (port.is_empty() || port.parse::<u16>().is_err())
+    {
+        return Err(format!("has an invalid registry port in {host:?}"));
+    }
+    Ok(())
+}
+
+/// `[a-z0-9]+` joined by `.`, `_`, `__` or runs of `-`.
+fn is_path_component(c: &str) -> bool {
+    let bytes = c.as_bytes();
+    if bytes.is_empty()
+        || !bytes[0].is_ascii_alphanumeric()
+        || !bytes[bytes.len() - 1].is_ascii_alphanumeric()
+    {
+        return false;
+    }
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b.is_ascii_lowercase() || b.is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        // A separator: ".", "_", "__" or "-"+, always between alphanumerics.
+        let start = i;
+        match b {
+            b'.' => i += 1,
+            b'_' => {
+                i += 1;
+                if i < bytes.len() && bytes[i] == b'_' {
+                    i += 1;
+                }
+            }
+            b'-' => {
+                while i < bytes.len() && bytes[i] == b'-' {
+                    i += 1;
+                }
+            }
+            _ => return false,
+        }
+        if i >= bytes.len()
+            || !(bytes[i].is_ascii_lowercase() || bytes[i].is_ascii_digit())
+            || start == 0
+        {
+            return false;
+        }
+    }
+    true
 }
 
 fn validate_env(field: &str, env: &[(String, String)]) -> Result<()> {
@@ -589,10 +888,10 @@ fn validate_env(field: &str, env: &[(String, String)]) -> Result<()> {
                 "must not be empty",
             ));
         }
-        if name.contains('=') || name.contains('\0') {
+        if name.contains('=') || name.chars().any(char::is_control) {
             return Err(Error::invalid_spec(
                 format!("{field}[{i}].name"),
-                format!("{name:?} must not contain '=' or NUL"),
+                format!("{name:?} must not contain '=', NUL, newlines or other control characters"),
             ));
         }
         if value.contains('\0') {
@@ -600,6 +899,15 @@ fn validate_env(field: &str, env: &[(String, String)]) -> Result<()> {
             return Err(Error::invalid_spec(
                 format!("{field}[{i}].value"),
                 format!("the value of {name} must not contain NUL"),
+            ));
+        }
+        if name.len() + value.len() + 2 > MAX_ARG_STRLEN {
+            return Err(Error::invalid_spec(
+                format!("{field}[{i}].value"),
+                format!(
+                    "{name}={{{} bytes}} is over the kernel's {MAX_ARG_STRLEN}-byte limit for one variable: pass large data as a file or on stdin",
+                    value.len()
+                ),
             ));
         }
     }
@@ -620,8 +928,14 @@ fn validate_abs_path(field: &str, path: &str) -> Result<()> {
             format!("{path:?} must be an absolute path"),
         ));
     }
-    if path.contains('\0') {
-        return Err(Error::invalid_spec(field, "must not contain NUL"));
+    if path.chars().any(char::is_control) {
+        return Err(Error::invalid_spec(
+            field,
+            "must not contain NUL, newlines or other control characters",
+        ));
+    }
+    if path.len() >= 4096 {
+        return Err(Error::invalid_spec(field, "is longer than PATH_MAX"));
     }
     Ok(())
 }
@@ -702,6 +1016,120 @@ mod tests {
     }
 
     #[test]
+    fn what_engines_and_the_kernel_refuse_is_rejected_first() {
+        let base = RunSpec::new("busybox");
+        // Env names with control characters, values over the kernel's per-string limit.
+        assert_eq!(field_of(&base.clone().env("A\nB", "x")), "env[0].name");
+        assert_eq!(field_of(&base.clone().env("A\tB", "x")), "env[0].name");
+        assert_eq!(
+            field_of(&base.clone().env("BIG", "x".repeat(MAX_ARG_STRLEN))),
+            "env[0].value"
+        );
+        RunSpec::new("busybox")
+            .env("OK", "x".repeat(MAX_ARG_STRLEN - 10))
+            .validate()
+            .unwrap();
+        let mut many = base.clone();
+        for i in 0..10 {
+            many = many.env(format!("V{i}"), "x".repeat(120 << 10));
+        }
+        assert_eq!(field_of(&many), "env");
+        // Odd but valid names pass: they are the caller's business.
+        base.clone()
+            .env("-i", "1")
+            .env("my.var", "2")
+            .validate()
+            .unwrap();
+        // Exec specs follow the same rules.
+        let e = ExecSpec::new(["true"])
+            .env("A\nB", "x")
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field(), Some("env[0].name"));
+        let e = ExecSpec::new(["echo", &"x".repeat(MAX_ARG_STRLEN)])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field(), Some("argv[1]"));
+        let e = ExecSpec::new(["true"])
+            .working_dir("/a\nb")
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field(), Some("working_dir"));
+        let e = ExecSpec::new(["true"]).user("a b").validate().unwrap_err();
+        assert_eq!(e.field(), Some("user"));
+    }
+
+    #[test]
+    fn image_references_follow_the_engines_grammar() {
+        for ok in [
+            "busybox",
+            "busybox:latest",
+            "library/busybox:1.36",
+            "sandbox-test/busybox:latest",
+            "localhost:5000/team/img:v1",
+            "registry.example.com/a/b/c",
+            "Registry.Example.com/a",
+            "[::1]:5000/img",
+            "img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "my_img__x.y-z---w:TAG_1.2-3",
+        ] {
+            validate_image(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            "",
+            "team/UPPER",
+            "Busybox",
+            "garbage:::",
+            "a b",
+            "img:",
+            "img:-tag",
+            "/img",
+            "img/",
+            "a//b",
+            "-img",
+            "img-",
+            "img@sha256:short",
+            "img@:0123456789abcdef0123456789abcdef",
+            "host:99999/img",
+            "img\n",
+        ] {
+            let e = validate_image(bad).expect_err(bad);
+            assert_eq!(e.field(), Some("image"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn expired_and_future_cas_are_rejected() {
+        for pem in [
+            include_str!("../testdata/expired-ca.pem"),
+            include_str!("../testdata/not-yet-valid-ca.pem"),
+        ] {
+            let mut s = RunSpec::new("busybox");
+            s.ca_bundle = Some(pem.into());
+            assert_eq!(field_of(&s), "ca_bundle");
+        }
+    }
+
+    #[test]
+    fn proxy_credentials_are_hidden_whatever_the_form() {
+        for url in [
+            "http://user:pa55@proxy:3128",
+            "user:pa55@proxy:3128",
+            "http://user:pa/55@proxy:3128",
+            "http://us@er:pa55@proxy:3128/",
+            "socks5h://:pa55@proxy",
+        ] {
+            let mut spec = RunSpec::new("img");
+            spec.proxy.https = Some(url.into());
+            let text = format!("{spec:?}");
+            assert!(
+                !text.contains("pa55") && text.contains("proxy"),
+                "{url}: {text}"
+            );
+        }
+    }
+
+    #[test]
     fn debug_hides_env_values_stdin_and_proxy_credentials() {
         let mut spec = RunSpec::new("img").env("TOKEN", "s3cr3t");
         spec.proxy.http = Some("http://user:pa55@proxy:3128".into());
@@ -775,5 +1203,141 @@ mod tests {
         assert_eq!(get("no_proxy"), Some("internal,localhost,127.0.0.1,::1"));
         assert_eq!(get("NO_PROXY"), get("no_proxy"));
         assert!(Proxy::default().env().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn any_duration() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            Just(Duration::MAX),
+            Just(Duration::ZERO),
+            any::<u64>().prop_map(Duration::from_secs),
+            (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        ]
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[ -~]{0,40}",
+            Just("-i".to_string()),
+            Just("a\nb".to_string()),
+            Just("/".to_string()),
+            Just("/a/../b".to_string()),
+        ]
+    }
+
+    prop_compose! {
+        fn any_run_spec()(
+            image in text(),
+            env in proptest::collection::vec((text(), text()), 0..4),
+            working_dir in proptest::option::of(text()),
+            user in proptest::option::of(text()),
+            ws_path in text(),
+            ttl in proptest::option::of(any_duration()),
+            cpus in proptest::option::of(any::<f64>()),
+            memory in proptest::option::of(any::<u64>()),
+            pids in proptest::option::of(any::<u32>()),
+            proxy in proptest::option::of(text()),
+            labels in proptest::collection::btree_map(text(), text(), 0..3),
+            post in proptest::collection::vec(proptest::collection::vec(text(), 0..3), 0..2),
+            ca in proptest::option::of(text()),
+        ) -> RunSpec {
+            let mut s = RunSpec::new(image);
+            s.env = env;
+            s.working_dir = working_dir;
+            s.user = user;
+            s.workspace.path = ws_path;
+            s.ttl = ttl;
+            s.resources = Resources { memory_bytes: memory, cpus, pids };
+            s.proxy.http = proxy;
+            s.labels = labels;
+            s.post_create = post;
+            s.ca_bundle = ca;
+            s
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Validation never panics; what it rejects names a field; and what it accepts
+        /// survives the arithmetic drivers do with it.
+        #[test]
+        fn run_spec_validation_never_panics(spec in any_run_spec()) {
+            let _ = format!("{spec:?}");
+            match spec.validate() {
+                Ok(()) => {
+                    let labels = crate::labels::run_labels("sbx-0", &crate::labels::Owner::current(), spec.ttl, &spec.labels);
+                    prop_assert!(labels.contains_key(crate::labels::RUN_ID));
+                    let _ = spec.run_env();
+                }
+                Err(e) => prop_assert!(e.field().is_some(), "{e}"),
+            }
+        }
+
+        #[test]
+        fn exec_spec_validation_never_panics(
+            argv in proptest::collection::vec(text(), 0..4),
+            env in proptest::collection::vec((text(), text()), 0..3),
+            dir in proptest::option::of(text()),
+            user in proptest::option::of(text()),
+            timeout in proptest::option::of(any_duration()),
+        ) {
+            let spec = ExecSpec { argv, env, working_dir: dir, user, timeout, ..Default::default() };
+            let _ = format!("{spec:?}");
+            if let Err(e) = spec.validate() {
+                prop_assert!(e.field().is_some(), "{e}");
+            }
+        }
+    }
+
+    /// The exec pump with any timeout: no overflow, and a deadline far away is no deadline.
+    #[tokio::test(start_paused = true)]
+    async fn any_timeout_is_safe_in_the_pump() {
+        use futures::StreamExt;
+        for timeout in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX / 2),
+            Duration::new(u64::MAX, 999_999_999),
+            Duration::from_nanos(1),
+        ] {
+            let spec = ExecSpec::new(["x"]).timeout(timeout);
+            let stream = crate::ExecStream::spawn(
+                &spec,
+                futures::stream::empty().boxed(),
+                None,
+                Box::new(Done),
+            );
+            let status = stream.wait().await;
+            prop_assert_ok(&status);
+        }
+    }
+
+    fn prop_assert_ok(status: &crate::ExitStatus) {
+        assert!(
+            matches!(
+                status,
+                crate::ExitStatus::Exited(0) | crate::ExitStatus::TimedOut
+            ),
+            "{status}"
+        );
+    }
+
+    struct Done;
+
+    #[async_trait::async_trait]
+    impl crate::ExecControl for Done {
+        async fn status(&self) -> crate::Result<crate::ExitStatus> {
+            Ok(crate::ExitStatus::Exited(0))
+        }
+        async fn kill(&self) -> crate::Result<()> {
+            Ok(())
+        }
     }
 }

@@ -1,13 +1,22 @@
 //! One exec: create → start (hijacked, `Tty=false`) → inspect, and the kill that a
 //! timeout or cancellation needs (Docker has no kill-exec API).
+//!
+//! When the engine cannot start the command it writes its own message into the exec's
+//! stdout and reports 126 (Docker 20.10) or 127. The message is held back and read: a
+//! missing working directory or user is [`ExitStatus::NotStarted`] naming the field, a
+//! missing program `Exited(127)` and a non-executable one `Exited(126)`, each with the
+//! message on stderr as a shell would put it. No extra exec is started to find out.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bytes::Bytes;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use runcell_core::{
     EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecSpec, ExecStream, ExitStatus, OutputChunk,
     Result, Stdin,
@@ -18,8 +27,30 @@ use crate::error;
 /// How long to poll `inspect` for the exit code after the streams closed.
 const STATUS_POLL: Duration = Duration::from_secs(5);
 
+/// How long the kill exec may take before it is abandoned (the script itself ends within
+/// about 1.5 s).
+const KILL_EXEC_BOUND: Duration = Duration::from_secs(8);
+
+/// Whether an exec is the caller's or one the driver starts for itself (the kill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Caller,
+    /// Never killed in turn and never classified: it can neither recurse nor outlive the
+    /// exec it serves.
+    Internal,
+}
+
 /// Starts one exec in `container`.
 pub async fn start(docker: &Docker, container: &str, spec: ExecSpec) -> Result<ExecStream> {
+    start_with(docker, container, spec, Origin::Caller).await
+}
+
+async fn start_with(
+    docker: &Docker,
+    container: &str,
+    spec: ExecSpec,
+    origin: Origin,
+) -> Result<ExecStream> {
     spec.validate()?;
     let exec_id_marker = format!("{:016x}", rand::random::<u64>());
     let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -70,16 +101,20 @@ pub async fn start(docker: &Docker, container: &str, spec: ExecSpec) -> Result<E
             Err(e) => Err(std::io::Error::other(e)),
         })
         .boxed();
+    let failure = Arc::new(Mutex::new(None));
+    let output = match origin {
+        Origin::Caller => hold_engine_message(output, failure.clone()),
+        Origin::Internal => output,
+    };
     let control = DockerExec {
         docker: docker.clone(),
         container: container.to_string(),
         exec_id: created.id,
         marker: exec_id_marker,
-        spec: ExecSpec {
-            stdin: Stdin::Null,
-            timeout: None,
-            ..spec.clone()
-        },
+        user: spec.user.clone(),
+        env: spec.env.clone(),
+        failure,
+        origin,
     };
     Ok(ExecStream::spawn(
         &spec,
@@ -102,45 +137,126 @@ fn exec_error(container: &str, e: bollard::errors::Error) -> Error {
     }
 }
 
+/// Why the engine could not start the command, read from its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StartFailure {
+    /// The working directory does not exist or is not a directory.
+    WorkingDir(String),
+    /// The user or group is unknown in the image.
+    User(String),
+    /// The program does not exist.
+    ProgramNotFound(String),
+    /// Anything else the runtime refused (permission denied, exec format error, ...).
+    Other(String),
+}
+
+const RUNTIME_PREFIXES: [&str; 3] = [
+    "OCI runtime exec failed",
+    "unable to find user",
+    "unable to find group",
+];
+
+impl StartFailure {
+    /// Reads an engine message; `None` when it is not one.
+    pub(crate) fn parse(message: &[u8]) -> Option<StartFailure> {
+        let text = String::from_utf8_lossy(message);
+        let text = text.trim();
+        if !RUNTIME_PREFIXES.iter().any(|p| text.starts_with(p)) {
+            return None;
+        }
+        // What the runtime said, without its wrapping.
+        let reason = text
+            .trim_start_matches("OCI runtime exec failed: ")
+            .trim_start_matches("exec failed: ")
+            .trim_start_matches("unable to start container process: ");
+        let reason = reason
+            .split(": unknown")
+            .next()
+            .unwrap_or(reason)
+            .to_string();
+        Some(if reason.starts_with("chdir to cwd") {
+            StartFailure::WorkingDir(reason)
+        } else if reason.starts_with("unable to find user")
+            || reason.starts_with("unable to find group")
+        {
+            StartFailure::User(reason)
+        } else if reason.contains("executable file not found")
+            || reason.contains("no such file or directory")
+        {
+            StartFailure::ProgramNotFound(reason)
+        } else {
+            StartFailure::Other(reason)
+        })
+    }
+
+    /// The status, given the engine's exit code for the failed start.
+    fn status(&self) -> ExitStatus {
+        match self {
+            StartFailure::WorkingDir(r) => ExitStatus::NotStarted {
+                field: "working_dir".into(),
+                reason: r.clone(),
+            },
+            StartFailure::User(r) => ExitStatus::NotStarted {
+                field: "user".into(),
+                reason: r.clone(),
+            },
+            StartFailure::ProgramNotFound(_) => ExitStatus::Exited(127),
+            StartFailure::Other(_) => ExitStatus::Exited(126),
+        }
+    }
+
+    /// What goes on stderr, for a program that is missing or cannot run.
+    fn stderr(&self) -> Option<Bytes> {
+        match self {
+            StartFailure::ProgramNotFound(r) | StartFailure::Other(r) => {
+                Some(Bytes::from(format!("runcell: {r}\n")))
+            }
+            _ => None,
+        }
+    }
+}
+
+type Output = BoxStream<'static, std::io::Result<OutputChunk>>;
+
+/// Holds back a first stdout chunk that reads like the engine's start failure. If the
+/// stream then ends, that was the whole exec: the failure is recorded for the status (and
+/// a missing or non-executable program's message goes to stderr). If more output follows,
+/// it was the command's own output and is passed on unchanged.
+fn hold_engine_message(mut output: Output, failure: Arc<Mutex<Option<StartFailure>>>) -> Output {
+    futures::stream::once(async move {
+        let first = output.next().await;
+        let head: Output = match first {
+            Some(Ok(OutputChunk::Stdout(b))) if StartFailure::parse(&b).is_some() => {
+                match output.next().await {
+                    None => {
+                        let parsed = StartFailure::parse(&b).expect("parsed above");
+                        let stderr = parsed.stderr();
+                        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
+                        futures::stream::iter(stderr.map(|e| Ok(OutputChunk::Stderr(e)))).boxed()
+                    }
+                    Some(next) => futures::stream::iter([Ok(OutputChunk::Stdout(b)), next]).boxed(),
+                }
+            }
+            Some(item) => futures::stream::iter([item]).boxed(),
+            None => futures::stream::empty().boxed(),
+        };
+        head.chain(output)
+    })
+    .flatten()
+    .boxed()
+}
+
 struct DockerExec {
     docker: Docker,
     container: String,
     exec_id: String,
     marker: String,
-    /// The exec's own spec, for the kill and the 126 probe (same user, env, directory).
-    spec: ExecSpec,
-}
-
-impl DockerExec {
-    /// Runs a helper script in the run with this exec's user and environment.
-    async fn helper(&self, script: &str, args: &[&str], in_root: bool) -> Result<ExitStatus> {
-        let mut argv: Vec<String> = ["sh", "-c", script, "sandbox-helper"]
-            .map(String::from)
-            .to_vec();
-        argv.extend(args.iter().map(|a| a.to_string()));
-        let mut spec = ExecSpec {
-            argv,
-            ..self.spec.clone()
-        };
-        if in_root {
-            spec.working_dir = Some("/".into());
-        }
-        Ok(Box::pin(start(&self.docker, &self.container, spec))
-            .await?
-            .wait()
-            .await)
-    }
-
-    /// Docker before 23 reports 126 both for "not executable" and "not found"; a shell
-    /// reports 127 for the latter. Probe whether the program exists to tell them apart.
-    async fn refine_126(&self) -> ExitStatus {
-        let program = &self.spec.argv[0];
-        let probe = r#"command -v -- "$1" >/dev/null 2>&1 || [ -e "$1" ]"#;
-        match self.helper(probe, &[program], false).await {
-            Ok(ExitStatus::Exited(1)) => ExitStatus::Exited(127),
-            _ => ExitStatus::Exited(126),
-        }
-    }
+    /// The exec's user: the kill runs as the same user, so it may signal its processes.
+    user: Option<String>,
+    /// The exec's env, for the kill (PATH and the like).
+    env: Vec<(String, String)>,
+    failure: Arc<Mutex<Option<StartFailure>>>,
+    origin: Origin,
 }
 
 #[async_trait]
@@ -154,8 +270,17 @@ impl ExecControl for DockerExec {
                 .await
                 .map_err(|e| error::map("inspect exec", e).with("run", &self.container))?;
             match (inspect.running, inspect.exit_code) {
-                (Some(false), Some(126)) => return Ok(self.refine_126().await),
-                (Some(false), Some(code)) => return Ok(ExitStatus::from_code(code)),
+                (Some(false), Some(code)) => {
+                    let failure = self
+                        .failure
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    return Ok(match failure {
+                        Some(f) if code == 126 || code == 127 => f.status(),
+                        _ => ExitStatus::from_code(code),
+                    });
+                }
                 _ if tokio::time::Instant::now() >= deadline => {
                     return Err(Error::new(
                         ErrorKind::Backend,
@@ -169,9 +294,40 @@ impl ExecControl for DockerExec {
     }
 
     async fn kill(&self) -> Result<()> {
-        let status = self
-            .helper(runcell_core::KILL_SCRIPT, &[&self.marker], true)
+        if self.origin == Origin::Internal {
+            return Ok(());
+        }
+        let spec = ExecSpec {
+            argv: [
+                "sh",
+                "-c",
+                runcell_core::KILL_SCRIPT,
+                "runcell-kill",
+                &self.marker,
+            ]
+            .map(String::from)
+            .to_vec(),
+            env: self.env.clone(),
+            user: self.user.clone(),
+            working_dir: Some("/".into()),
+            ..Default::default()
+        };
+        let kill = async {
+            let stream = Box::pin(start_with(
+                &self.docker,
+                &self.container,
+                spec,
+                Origin::Internal,
+            ))
             .await?;
+            Ok::<_, Error>(stream.wait().await)
+        };
+        let status = tokio::time::timeout(KILL_EXEC_BOUND, kill)
+            .await
+            .map_err(|_| {
+                Error::new(ErrorKind::Timeout, "the kill exec did not end")
+                    .with("run", &self.container)
+            })??;
         if status.success() {
             Ok(())
         } else {
@@ -180,5 +336,64 @@ impl ExecControl for DockerExec {
                     .with("run", &self.container),
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_messages_are_read() {
+        let parse = |m: &str| StartFailure::parse(m.as_bytes());
+        assert!(matches!(
+            parse("OCI runtime exec failed: exec failed: unable to start container process: chdir to cwd (\"/nope\") set in config.json failed: no such file or directory: unknown\r\n"),
+            Some(StartFailure::WorkingDir(r)) if r.starts_with("chdir to cwd") && !r.contains("unknown")
+        ));
+        assert!(matches!(
+            parse("unable to find user nobody2: no matching entries in passwd file\n"),
+            Some(StartFailure::User(_))
+        ));
+        assert!(matches!(
+            parse("unable to find group g2: no matching entries in group file"),
+            Some(StartFailure::User(_))
+        ));
+        assert!(matches!(
+            parse(
+                "OCI runtime exec failed: exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH: unknown"
+            ),
+            Some(StartFailure::ProgramNotFound(_))
+        ));
+        assert!(matches!(
+            parse(
+                "OCI runtime exec failed: exec failed: unable to start container process: exec: \"/nope\": stat /nope: no such file or directory: unknown"
+            ),
+            Some(StartFailure::ProgramNotFound(_))
+        ));
+        let denied = parse("OCI runtime exec failed: exec failed: unable to start container process: exec: \"/etc/passwd\": permission denied: unknown").unwrap();
+        assert_eq!(denied.status(), ExitStatus::Exited(126));
+        assert_eq!(
+            denied.stderr().unwrap(),
+            Bytes::from_static(b"runcell: exec: \"/etc/passwd\": permission denied\n")
+        );
+        assert_eq!(parse("hello"), None);
+    }
+
+    #[tokio::test]
+    async fn a_lookalike_followed_by_more_output_is_passed_on() {
+        let msg = Bytes::from_static(b"unable to find user x: printed by the command\n");
+        let items = vec![
+            Ok(OutputChunk::Stdout(msg.clone())),
+            Ok(OutputChunk::Stdout(Bytes::from_static(b"more"))),
+        ];
+        let failure = Arc::new(Mutex::new(None));
+        let out: Vec<_> =
+            hold_engine_message(futures::stream::iter(items).boxed(), failure.clone())
+                .map(|r| r.unwrap())
+                .collect()
+                .await;
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0], OutputChunk::Stdout(msg));
+        assert!(failure.lock().unwrap().is_none());
     }
 }

@@ -27,7 +27,7 @@ use futures::{StreamExt, TryStreamExt};
 use runcell_core::labels::{self, Owner};
 use runcell_core::{
     ByteStream, Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec,
-    ExecStream, PullPolicy, Result, Run, RunInfo, RunSpec, ca, files,
+    ExecStream, PullPolicy, Result, Run, RunExt, RunInfo, RunSpec, ca, files,
 };
 
 pub use body::{KEEPALIVE, container_body};
@@ -166,12 +166,95 @@ impl DockerDriver {
             self.install_ca(id, spec, &ca::parse_certificates(pem)?)
                 .await?;
         }
-        self.docker
+        if let Err(e) = self
+            .docker
             .start_container(id, None::<bollard::query_parameters::StartContainerOptions>)
             .await
-            .map_err(|e| error::map("start container", e).with("run", id))?;
+        {
+            let message = error::message(&e).to_string();
+            return Err(
+                if message.contains("unable to find user")
+                    || message.contains("unable to find group")
+                {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!("the image has no such user: {message}"),
+                    )
+                    .with_field("user")
+                    .with("run", id)
+                } else {
+                    Error::new(ErrorKind::StartFailed, "the container did not start")
+                        .with("run", id)
+                        .with("log", self.log_tail(id).await)
+                        .with_source(e)
+                },
+            );
+        }
         let run = DockerRun::new(self.docker.clone(), id.to_string(), self.address.clone());
+        self.check_alive(&run).await?;
         runcell_core::run_post_create(&run, spec).await
+    }
+
+    /// A run is handed out only when its container runs and answers an exec (with the
+    /// run's own user and working directory): an image without `sleep` or `sh`, a `sleep`
+    /// that exits, or limits too small to start are a [`ErrorKind::StartFailed`] here, not
+    /// a dead run later.
+    async fn check_alive(&self, run: &DockerRun) -> Result<()> {
+        let probe = run
+            .exec(ExecSpec::new(["sh", "-c", ":"]).timeout(Duration::from_secs(30)))
+            .await;
+        let inspect = self
+            .docker
+            .inspect_container(
+                &run.id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .map_err(|e| error::map("inspect container", e).with("run", &run.id))?;
+        let state = inspect.state.unwrap_or_default();
+        if state.running != Some(true) {
+            return Err(Error::new(
+                ErrorKind::StartFailed,
+                format!(
+                    "the keep-alive ({}) exited at once with code {}",
+                    KEEPALIVE.join(" "),
+                    state.exit_code.unwrap_or(-1)
+                ),
+            )
+            .with("run", &run.id)
+            .with("exit_code", state.exit_code.unwrap_or(-1))
+            .with("error", state.error.unwrap_or_default())
+            .with("log", self.log_tail(&run.id).await));
+        }
+        match probe {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(Error::new(
+                ErrorKind::StartFailed,
+                format!(
+                    "the container runs but `sh -c :` {} (the library needs a POSIX sh in the image)",
+                    out.status
+                ),
+            )
+            .with("run", &run.id)
+            .with("stderr", out.stderr_str().trim())),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The last lines the container wrote, for errors (empty if none or unreadable).
+    async fn log_tail(&self, id: &str) -> String {
+        let options = bollard::query_parameters::LogsOptionsBuilder::default()
+            .stdout(true)
+            .stderr(true)
+            .tail("20")
+            .build();
+        let lines: Vec<_> = self
+            .docker
+            .logs(id, Some(options))
+            .filter_map(|item| async move { item.ok().map(|l| l.to_string()) })
+            .collect()
+            .await;
+        lines.concat().trim().to_string()
     }
 
     /// Writes the CA files into the created (not yet started) container: the injected
