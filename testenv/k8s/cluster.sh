@@ -10,21 +10,30 @@
 #           (etcd data, pod volumes, pid files). Binaries and certificates are kept.
 #   status  show which processes run and whether the node is Ready (exit 0 if up).
 #
-# Environment:
-#   SANDBOX_K8S_STATE   state dir (default: <repo>/target/k8s)
-#   SANDBOX_K8S_API_PORT  kube-apiserver port (default 6443)
-#   SANDBOX_K8S_READY_TIMEOUT  seconds to wait for the node (default 180)
-#   GO                  go binary (default: go in PATH, else /usr/local/go/bin/go)
+# Environment (prefix RUNCELL_TESTENV_: SANDBOX_K8S_* is the k8s driver's config, and
+# the driver rejects every SANDBOX_K8S_* variable that is not one of its keys):
+#   RUNCELL_TESTENV_STATE          state dir (default: <repo>/target/k8s)
+#   RUNCELL_TESTENV_API_PORT       kube-apiserver port (default 6443)
+#   RUNCELL_TESTENV_READY_TIMEOUT  seconds to wait for the node (default 180)
+#   GO                             go binary (default: go in PATH, else /usr/local/go/bin/go)
 set -euo pipefail
+
+for old in SANDBOX_K8S_STATE SANDBOX_K8S_API_PORT SANDBOX_K8S_READY_TIMEOUT; do
+  new=RUNCELL_TESTENV_${old#SANDBOX_K8S_}
+  if [[ -n ${!old:-} && -z ${!new:-} ]]; then
+    echo "cluster.sh: error: $old was renamed to $new (the k8s driver rejects unknown SANDBOX_K8S_* variables)" >&2
+    exit 2
+  fi
+done
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))
-state=${SANDBOX_K8S_STATE:-$repo/target/k8s}
-api_port=${SANDBOX_K8S_API_PORT:-6443}
+state=${RUNCELL_TESTENV_STATE:-$repo/target/k8s}
+api_port=${RUNCELL_TESTENV_API_PORT:-6443}
 etcd_port=32379 # client; peer is etcd_port+1. Not 2379, to stay clear of other etcds.
 node_port=10250
 node_name=sandbox-node
-ready_timeout=${SANDBOX_K8S_READY_TIMEOUT:-180}
+ready_timeout=${RUNCELL_TESTENV_READY_TIMEOUT:-180}
 
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 export GOTOOLCHAIN=local

@@ -53,20 +53,33 @@ pub fn ensure_docker() -> Result<()> {
     )
 }
 
-/// Fails if any container made by the library is left on the engine.
-pub fn assert_no_leftovers() -> Result<()> {
+/// The label the conformance suite puts on every run of a session
+/// (`runcell_conformance::SESSION_LABEL`).
+pub const SESSION_LABEL: &str = "sandbox.conformance/session";
+
+/// Fails if a container made by the library in this test session (label
+/// `sandbox.conformance/session=<session>`) is left on the engine. Other containers,
+/// a developer's own runs or a parallel job's, are not this session's business.
+pub fn assert_no_leftovers(session: &str) -> Result<()> {
     let out = Command::new("docker")
         .args(["ps", "-aq", "--filter", "label=sandbox.dev/managed-by"])
+        .args(["--filter", &format!("label={SESSION_LABEL}={session}")])
         .output()?;
+    if !out.status.success() {
+        bail!(
+            "docker ps failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     let ids = String::from_utf8_lossy(&out.stdout);
     let ids: Vec<&str> = ids.split_whitespace().collect();
     if !ids.is_empty() {
         bail!(
-            "the tests left {} container(s) behind: {}",
+            "the tests left {} container(s) of session {session} behind: {}",
             ids.len(),
             ids.join(" ")
         );
     }
-    eprintln!("no container labelled sandbox.dev/managed-by is left on the engine");
+    eprintln!("no container of session {session} is left on the engine");
     Ok(())
 }

@@ -13,9 +13,14 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// The variable naming the cluster's state directory. The test cluster's variables use
+/// their own prefix: `SANDBOX_K8S_*` is the k8s driver's config, and the driver rejects
+/// keys it does not know.
+pub const STATE_ENV: &str = "RUNCELL_TESTENV_STATE";
+
 /// The cluster's state directory.
 pub fn state_dir() -> PathBuf {
-    std::env::var_os("SANDBOX_K8S_STATE")
+    std::env::var_os(STATE_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join("target/k8s"))
 }
@@ -23,7 +28,11 @@ pub fn state_dir() -> PathBuf {
 fn script(name: &str) -> Command {
     let mut cmd = Command::new("bash");
     cmd.arg(repo().join("testenv/k8s").join(name))
-        .env("SANDBOX_K8S_STATE", state_dir());
+        .env(STATE_ENV, state_dir());
+    if name == "smoke.sh" {
+        // smoke.sh still reads the old name (not renamed yet); only it sees the variable.
+        cmd.env("SANDBOX_K8S_STATE", state_dir());
+    }
     cmd
 }
 
@@ -85,37 +94,29 @@ pub fn smoke(kubeconfig: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Fails if the cluster holds any pod, Secret or ConfigMap made by the library.
-pub fn assert_no_leftovers(kubeconfig: &Path) -> Result<()> {
-    let kubectl = std::fs::read_dir(state_dir().join("bin"))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("kubectl"))
-        .find(|p| p.exists())
-        .context("no kubectl built under the state dir")?;
-    let out = Command::new(kubectl)
-        .args(["--kubeconfig"])
-        .arg(kubeconfig)
-        .args([
-            "get",
-            "pods,secrets,configmaps",
-            "--all-namespaces",
-            "-l",
-            "sandbox.dev/managed-by",
-            "-o",
-            "name",
-        ])
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "kubectl get failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let left = String::from_utf8_lossy(&out.stdout);
+/// Fails if the cluster holds a pod, Secret or ConfigMap made by the library in this
+/// test session (label `sandbox.conformance/session=<session>`); other objects, a
+/// developer's own or a parallel job's, are not this session's business.
+pub fn assert_no_leftovers(kubeconfig: &Path, session: &str) -> Result<()> {
+    let selector = format!(
+        "sandbox.dev/managed-by,{}={session}",
+        crate::engine::SESSION_LABEL
+    );
+    let mut get = kubectl(kubeconfig)?;
+    get.args([
+        "get",
+        "pods,secrets,configmaps",
+        "--all-namespaces",
+        "-l",
+        &selector,
+        "-o",
+        "name",
+    ]);
+    let left = output(get, None)?;
     if !left.trim().is_empty() {
-        bail!("the tests left objects in the cluster:\n{left}");
+        bail!("the tests left objects of session {session} in the cluster:\n{left}");
     }
-    eprintln!("no pod, Secret or ConfigMap labelled sandbox.dev/managed-by is left in the cluster");
+    eprintln!("no pod, Secret or ConfigMap of session {session} is left in the cluster");
     Ok(())
 }
 

@@ -6,6 +6,7 @@ mod engine;
 mod images;
 mod k8s;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -31,9 +32,13 @@ enum Task {
         /// The registered driver name.
         #[arg(long, default_value = "docker")]
         driver: String,
-        /// The package whose `conformance` test binary links the driver.
-        #[arg(long, default_value = "runcell-conformance")]
-        package: String,
+        /// The package whose `conformance` test binary links the driver (default:
+        /// runcell-conformance, or the package of --manifest-path).
+        #[arg(long)]
+        package: Option<String>,
+        /// The Cargo.toml of a driver crate outside this workspace (passed to cargo test).
+        #[arg(long, value_name = "PATH")]
+        manifest_path: Option<PathBuf>,
         /// Extra arguments for the test binary (a filter, --list, ...).
         #[arg(last = true)]
         args: Vec<String>,
@@ -92,6 +97,7 @@ fn main() -> Result<()> {
         Task::Conformance {
             driver,
             package,
+            manifest_path,
             args,
         } => {
             engine::ensure_docker()?;
@@ -101,7 +107,13 @@ fn main() -> Result<()> {
                 // No cluster named: use (and if needed start) the local test cluster.
                 env.push(("KUBECONFIG", k8s::up()?.to_string_lossy().into_owned()));
             }
-            conformance(&driver, &package, &args, &env)
+            let target = match (manifest_path, package) {
+                (Some(manifest), package) => SuiteTarget::Manifest(manifest, package),
+                (None, package) => {
+                    SuiteTarget::Package(package.unwrap_or_else(|| "runcell-conformance".into()))
+                }
+            };
+            conformance(&driver, &target, &args, &env)
         }
         Task::K8s { action } => {
             if action == "up" {
@@ -115,6 +127,12 @@ fn main() -> Result<()> {
             }
         }
         Task::Test { keep_cluster } => {
+            check_required_drivers()?;
+            // Every run the suite creates carries this session label value, so the
+            // leftover checks at the end see this test session's runs and no one else's.
+            let session = test_session();
+            eprintln!("conformance session {session} ({SESSION_ENV})");
+            let session_env = [(SESSION_ENV, session.clone())];
             engine::ensure_docker()?;
             images::build()?;
             cargo(&["fmt", "--all", "--", "--check"], &[])?;
@@ -130,12 +148,18 @@ fn main() -> Result<()> {
                 ],
                 &[],
             )?;
-            cargo(&["test", "--workspace", "--quiet"], &[])?;
-            conformance("docker", "runcell-conformance", &[], &[])?;
+            // The suite runs per driver below; its binaries only say so here.
+            cargo(
+                &["test", "--workspace", "--quiet"],
+                &[("SANDBOX_TEST", "none")],
+            )?;
+            let ours = SuiteTarget::Package("runcell-conformance".into());
+            conformance("docker", &ours, &[], &session_env)?;
             // The example third-party driver, from its own crate.
-            conformance("audit", "sandbox-driver-audit", &[], &[])?;
+            let audit = SuiteTarget::Package("sandbox-driver-audit".into());
+            conformance("audit", &audit, &[], &session_env)?;
             // The cluster goes down again whatever happened, unless asked to stay.
-            let k8s_result = k8s::up().and_then(|kubeconfig| k8s_tests(&kubeconfig));
+            let k8s_result = k8s::up().and_then(|kubeconfig| k8s_tests(&kubeconfig, &session));
             let down = if keep_cluster {
                 Ok(())
             } else {
@@ -143,38 +167,113 @@ fn main() -> Result<()> {
             };
             k8s_result?;
             down?;
-            engine::assert_no_leftovers()
+            engine::assert_no_leftovers(&session)
         }
     }
 }
 
 /// The cluster smoke test, the suite on the `k8s` driver, and the leftover check.
-fn k8s_tests(admin: &std::path::Path) -> Result<()> {
+fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
     k8s::smoke(admin)?;
     let restricted = k8s::restricted_kubeconfig(admin)?;
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
+    let ours = SuiteTarget::Package("runcell-conformance".into());
     conformance(
         "k8s",
-        "runcell-conformance",
+        &ours,
         &[],
-        &[("KUBECONFIG", restricted.into())],
+        &[
+            ("KUBECONFIG", restricted.into()),
+            (SESSION_ENV, session.into()),
+        ],
     )?;
     // Again on the exec path for API servers without v5.channel.k8s.io (before 1.30).
     eprintln!("the k8s suite again with exec_v4_compatible=true (stdin framed, never closed)");
     conformance(
         "k8s",
-        "runcell-conformance",
+        &ours,
         &[],
         &[
             ("KUBECONFIG", restricted.into()),
             ("SANDBOX_K8S_EXEC_V4_COMPATIBLE", "true".into()),
+            (SESSION_ENV, session.into()),
         ],
     )?;
-    k8s::assert_no_leftovers(admin)
+    k8s::assert_no_leftovers(admin, session)
 }
 
-fn conformance(driver: &str, package: &str, args: &[String], env: &[(&str, String)]) -> Result<()> {
-    let mut argv = vec!["test", "-p", package, "--test", "conformance", "--"];
+/// The variable the conformance harness takes its session label value from
+/// (`runcell_conformance::harness::SESSION_ENV`; xtask does not link the suite).
+const SESSION_ENV: &str = "SANDBOX_CONFORMANCE_SESSION";
+
+/// The drivers `cargo xtask test` runs the suite on.
+const TESTED_DRIVERS: [&str; 3] = ["docker", "audit", "k8s"];
+
+/// The session label value of this `cargo xtask test`: the caller's
+/// `SANDBOX_CONFORMANCE_SESSION` (a CI job id, say), else one made from pid and time.
+fn test_session() -> String {
+    match std::env::var(SESSION_ENV) {
+        Ok(s) if !s.is_empty() => s,
+        _ => {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            format!("xtask-{secs}-{}", std::process::id())
+        }
+    }
+}
+
+/// A driver in `SANDBOX_REQUIRE` that this task never tests would pass unnoticed.
+fn check_required_drivers() -> Result<()> {
+    let required = std::env::var("SANDBOX_REQUIRE").unwrap_or_default();
+    let untested: Vec<&str> = required
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && !TESTED_DRIVERS.contains(d))
+        .collect();
+    if !untested.is_empty() {
+        bail!(
+            "SANDBOX_REQUIRE names {}, which cargo xtask test does not test (it tests {}); \
+             run `cargo xtask conformance --driver <name> --package <pkg>` (or --manifest-path) for it",
+            untested.join(", "),
+            TESTED_DRIVERS.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Where the `conformance` test binary that links the driver lives.
+enum SuiteTarget {
+    /// A package of this workspace.
+    Package(String),
+    /// A crate's manifest, anywhere (a third-party driver), and optionally the package
+    /// within its workspace.
+    Manifest(PathBuf, Option<String>),
+}
+
+fn conformance(
+    driver: &str,
+    target: &SuiteTarget,
+    args: &[String],
+    env: &[(&str, String)],
+) -> Result<()> {
+    let mut argv = vec!["test"];
+    let manifest;
+    match target {
+        SuiteTarget::Package(package) => argv.extend(["-p", package.as_str()]),
+        SuiteTarget::Manifest(path, package) => {
+            if !path.is_file() {
+                bail!("--manifest-path {}: no such file", path.display());
+            }
+            manifest = path.to_str().context("a UTF-8 manifest path")?;
+            argv.extend(["--manifest-path", manifest]);
+            if let Some(package) = package {
+                argv.extend(["-p", package.as_str()]);
+            }
+        }
+    }
+    argv.extend(["--test", "conformance", "--"]);
     argv.extend(args.iter().map(String::as_str));
     let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     env.push(("SANDBOX_TEST", driver));
