@@ -274,13 +274,25 @@ impl ExecStream {
             .timeout
             .and_then(|t| started.checked_add(t))
             .map(tokio::time::Instant::from_std);
-        tokio::spawn(pump(
-            output,
-            control,
-            out_tx,
-            status_tx,
-            deadline,
-            cancel.clone(),
+        // One span per exec, below the caller's (a driver's run span): the program's name
+        // only, never its arguments or env (they may hold secrets).
+        let span = tracing::debug_span!(
+            "exec",
+            program = %spec.argv.first().map(String::as_str).unwrap_or(""),
+            status = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        tokio::spawn(tracing::Instrument::instrument(
+            pump(
+                output,
+                control,
+                out_tx,
+                status_tx,
+                deadline,
+                cancel.clone(),
+                started,
+            ),
+            span,
         ));
 
         ExecStream {
@@ -468,6 +480,7 @@ async fn pump(
     status_tx: oneshot::Sender<ExitStatus>,
     deadline: Option<tokio::time::Instant>,
     cancel: CancellationToken,
+    started: Instant,
 ) {
     let mut reader_gone = false;
     let end = loop {
@@ -514,6 +527,7 @@ async fn pump(
             ExitStatus::TimedOut
         }
         End::Cancelled => {
+            tracing::debug!("exec cancelled: killing its processes");
             kill(&*control).await;
             return;
         }
@@ -522,6 +536,10 @@ async fn pump(
             ExitStatus::TransportLost(why)
         }
     };
+    let span = tracing::Span::current();
+    span.record("status", tracing::field::display(&status));
+    span.record("duration_ms", started.elapsed().as_millis() as u64);
+    tracing::debug!(%status, duration_ms = started.elapsed().as_millis() as u64, "exec ended");
     drop(out_tx);
     let _ = status_tx.send(status);
 }

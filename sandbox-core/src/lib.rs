@@ -36,6 +36,14 @@ pub use spec::{
     Stdin, Workspace,
 };
 
+/// The names most programs need: `use runcell_core::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        Driver, DriverExt, Error, ErrorKind, ExecOutput, ExecSpec, ExecStream, ExitStatus, Network,
+        OutputChunk, Run, RunExt, RunGuard, RunSpec, Stdin,
+    };
+}
+
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 #[doc(hidden)]

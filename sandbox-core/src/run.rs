@@ -202,12 +202,15 @@ pub async fn run_post_create(run: &dyn Run, spec: &RunSpec) -> Result<()> {
     const TAIL: usize = 4096;
     let tail = |b: &[u8]| String::from_utf8_lossy(&b[b.len().saturating_sub(TAIL)..]).into_owned();
     for (i, argv) in spec.post_create.iter().enumerate() {
-        let out = run
-            .exec(ExecSpec {
+        let span = tracing::debug_span!("post_create", index = i, program = %argv[0]);
+        let out = tracing::Instrument::instrument(
+            run.exec(ExecSpec {
                 argv: argv.clone(),
                 ..Default::default()
-            })
-            .await?;
+            }),
+            span,
+        )
+        .await?;
         if !out.status.success() {
             return Err(Error::new(
                 ErrorKind::PostCreateFailed,
@@ -259,6 +262,7 @@ pub struct RunInfo {
 
 /// Why [`reap`] removed a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReapReason {
     /// Its expiry label has passed.
     Expired,
@@ -330,6 +334,8 @@ pub async fn reap(
 pub struct RunGuard {
     run: Option<Arc<dyn Run>>,
     key: u64,
+    /// Set once [`RunGuard::stop`] succeeded: the drop has nothing left to do.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// How long a drop may block on stopping the run.
@@ -388,16 +394,18 @@ impl RunGuard {
         RunGuard {
             run: Some(run),
             key,
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
-    /// Stops the run and reports the outcome.
-    pub async fn stop(mut self) -> Result<()> {
+    /// Stops the run and reports the outcome. Takes `&self`, so a guard shared as
+    /// `Arc<RunGuard>` can be stopped too; once it succeeded, the drop does nothing.
+    pub async fn stop(&self) -> Result<()> {
+        let Some(run) = &self.run else { return Ok(()) };
+        run.stop().await?;
+        self.stopped.store(true, Ordering::SeqCst);
         guarded().remove(&self.key);
-        match self.run.take() {
-            Some(run) => run.stop().await,
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// Disarms the guard: the run lives on after it.
@@ -474,6 +482,9 @@ impl Drop for RunGuard {
     fn drop(&mut self) {
         guarded().remove(&self.key);
         let Some(run) = self.run.take() else { return };
+        if self.stopped.load(Ordering::SeqCst) {
+            return;
+        }
         cleanup_from_drop(async move {
             let id = run.id().to_string();
             match tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop()).await {

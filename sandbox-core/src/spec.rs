@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 /// The default path of the workspace inside the sandbox.
 pub const DEFAULT_WORKSPACE_PATH: &str = "/workspace";
 
-/// When to pull the image.
+/// When to pull the image (the closed set Docker and Kubernetes share).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PullPolicy {
@@ -117,7 +117,8 @@ pub struct Resources {
     pub pids: Option<u32>,
 }
 
-/// The sandbox's network.
+/// The sandbox's network. Other modes belong in a driver's own config, so this set stays
+/// closed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Network {
@@ -789,7 +790,7 @@ pub fn validate_image(image: &str) -> Result<()> {
             || first == "localhost"
             || first.chars().any(|c| c.is_ascii_uppercase())
         {
-            validate_registry_host(first).map_err(|why| bad(why))?;
+            validate_registry_host(first).map_err(bad)?;
             components.remove(0);
         }
     }

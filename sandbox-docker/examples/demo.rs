@@ -2,7 +2,7 @@
 //! environment persist across execs, stop it, and show that nothing is left.
 //!
 //! `cargo xtask demo` (builds the test image first), or
-//! `cargo run -p sandbox-docker --example demo -- [IMAGE]`.
+//! `cargo run -p runcell-docker --example demo -- [IMAGE]`.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +14,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let image = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "sandbox-test/busybox:latest".into());
+    // RUST_LOG=debug shows a span per run and per exec (program names, never arguments).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     // Ctrl-C or SIGTERM while the demo runs: stop the run before exiting.
     runcell_core::stop_runs_on_signal()?;
     let driver = DockerDriver::connect(DockerConfig::default()).await?;

@@ -38,8 +38,10 @@ runcell_core::register_driver!(
     DockerDriver::from_config
 );
 
-/// How the driver reaches the daemon.
+/// How the driver reaches the daemon. Built with [`DockerConfig::default`] and its setters
+/// (it will grow: TLS, credentials).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct DockerConfig {
     /// `unix:///path`, `tcp://host:port` or `http://...`; default: `DOCKER_HOST`, else the
     /// local socket.
@@ -53,6 +55,20 @@ pub struct DockerConfig {
 pub struct DockerDriver {
     docker: Docker,
     address: String,
+}
+
+impl DockerConfig {
+    /// Sets the daemon address (`unix:///path`, `tcp://host:port`).
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.host = Some(host.into());
+        self
+    }
+
+    /// Sets the per-request timeout of the API client.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
 }
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -336,10 +352,12 @@ impl Driver for DockerDriver {
         c
     }
 
+    #[tracing::instrument(name = "run.create", level = "debug", skip_all, fields(driver = "docker", image = %spec.image, run = tracing::field::Empty), err(level = "debug"))]
     async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
         runcell_core::prepare(spec, &self.capabilities())?;
         self.ensure_image(&spec.image, spec.pull).await?;
         let id = runcell_core::new_run_id();
+        tracing::Span::current().record("run", &id);
         let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
         let body = container_body(spec, &labels);
         let options = CreateContainerOptionsBuilder::default().name(&id).build();
@@ -554,6 +572,7 @@ impl Run for DockerRun {
         &self.id
     }
 
+    #[tracing::instrument(name = "run", level = "debug", skip_all, fields(run = %self.id))]
     async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
         exec::start(&self.docker, &self.id, spec)
             .await
@@ -572,10 +591,13 @@ impl Run for DockerRun {
             .map_err(|e| self.locate(e))
     }
 
+    #[tracing::instrument(name = "run.stop", level = "debug", skip_all, fields(run = %self.id), err(level = "debug"))]
     async fn stop(&self) -> Result<()> {
         remove_container(&self.docker, &self.id)
             .await
-            .map_err(|e| self.locate(e))
+            .map_err(|e| self.locate(e))?;
+        tracing::debug!("run stopped");
+        Ok(())
     }
 }
 

@@ -31,30 +31,28 @@ fn relay(listener: UnixListener) -> JoinSet<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_outage_mid_run_is_reported_fast() {
-    let direct = match DockerDriver::connect(DockerConfig {
-        host: Some(format!("unix://{DAEMON}")),
-        ..Default::default()
-    })
-    .await
-    {
-        Ok(d) => d,
-        Err(e)
-            if !std::env::var("SANDBOX_REQUIRE")
-                .unwrap_or_default()
-                .contains("docker") =>
+    let direct =
+        match DockerDriver::connect(DockerConfig::default().host(format!("unix://{DAEMON}"))).await
         {
-            eprintln!("no Docker engine, test skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("SANDBOX_REQUIRE names docker but it is unreachable: {e}"),
-    };
+            Ok(d) => d,
+            Err(e)
+                if !std::env::var("SANDBOX_REQUIRE")
+                    .unwrap_or_default()
+                    .contains("docker") =>
+            {
+                eprintln!("no Docker engine, test skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("SANDBOX_REQUIRE names docker but it is unreachable: {e}"),
+        };
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("relay.sock");
     let mut relay_tasks = relay(UnixListener::bind(&socket).unwrap());
-    let via_relay = DockerDriver::connect(DockerConfig {
-        host: Some(format!("unix://{}", socket.display())),
-        timeout: Some(Duration::from_secs(5)),
-    })
+    let via_relay = DockerDriver::connect(
+        DockerConfig::default()
+            .host(format!("unix://{}", socket.display()))
+            .timeout(Duration::from_secs(5)),
+    )
     .await
     .unwrap();
 

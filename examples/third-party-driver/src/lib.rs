@@ -41,11 +41,11 @@ impl AuditDriver {
     pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
         let host = config.take("docker_host");
         config.finish()?;
-        let docker = DockerDriver::connect(DockerConfig {
-            host,
-            ..Default::default()
-        })
-        .await?;
+        let mut docker_config = DockerConfig::default();
+        if let Some(host) = host {
+            docker_config = docker_config.host(host);
+        }
+        let docker = DockerDriver::connect(docker_config).await?;
         Ok(Arc::new(AuditDriver::new(Arc::new(docker))))
     }
 }
