@@ -29,6 +29,23 @@ pub const SESSION_LABEL: &str = "sandbox.conformance/session";
 pub const CASE_LABEL: &str = "sandbox.conformance/case";
 /// The default image of the suite.
 pub const DEFAULT_IMAGE: &str = "sandbox-test/busybox:latest";
+/// The default image without `sleep` (`SANDBOX_CONFORMANCE_NO_SLEEP_IMAGE`).
+pub const DEFAULT_NO_SLEEP_IMAGE: &str = "sandbox-test/no-sleep:latest";
+/// The default image whose `sleep` exits at once (`SANDBOX_CONFORMANCE_SLEEP_EXITS_IMAGE`).
+pub const DEFAULT_SLEEP_EXITS_IMAGE: &str = "sandbox-test/sleep-exits:latest";
+
+/// The image without `sleep` the keep-alive case uses.
+pub fn no_sleep_image() -> String {
+    std::env::var("SANDBOX_CONFORMANCE_NO_SLEEP_IMAGE")
+        .unwrap_or_else(|_| DEFAULT_NO_SLEEP_IMAGE.into())
+}
+
+/// The image whose `sleep` exits at once the keep-alive case uses.
+pub fn sleep_exits_image() -> String {
+    std::env::var("SANDBOX_CONFORMANCE_SLEEP_EXITS_IMAGE")
+        .unwrap_or_else(|_| DEFAULT_SLEEP_EXITS_IMAGE.into())
+}
+
 /// A self-signed test CA (its key was thrown away).
 pub const TEST_CA: &str = include_str!("../testdata/test-ca.pem");
 
@@ -81,6 +98,14 @@ impl Context {
             spec.network = Network::None;
         }
         spec
+    }
+
+    /// [`Context::spec`] with another image.
+    pub fn spec_with_image(&self, image: &str) -> RunSpec {
+        RunSpec {
+            image: image.into(),
+            ..self.spec()
+        }
     }
 
     /// The labels of this case.
@@ -189,3 +214,44 @@ pub async fn sh_stdout(run: &dyn Run, script: &str) -> anyhow::Result<String> {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// Samples this process's resident memory in the background, for bounded-memory cases.
+pub struct RssSampler {
+    before: Option<u64>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    peak: tokio::task::JoinHandle<u64>,
+}
+
+impl RssSampler {
+    /// Starts sampling every 20 ms.
+    pub fn start() -> RssSampler {
+        let before = rss_bytes();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let peak = tokio::spawn(async move {
+            let mut peak = 0;
+            loop {
+                peak = peak.max(rss_bytes().unwrap_or(0));
+                tokio::select! {
+                    _ = &mut stopped => return peak,
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+                }
+            }
+        });
+        RssSampler { before, stop, peak }
+    }
+
+    /// The peak growth over the start, `None` where `/proc` cannot tell.
+    pub async fn stop(self) -> Option<u64> {
+        let before = self.before?;
+        let _ = self.stop.send(());
+        let peak = self.peak.await.ok()?.max(rss_bytes()?);
+        Some(peak.saturating_sub(before))
+    }
+}
+
+/// This process's resident set size, from `/proc/self/status`.
+pub fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}

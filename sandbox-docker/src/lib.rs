@@ -498,7 +498,9 @@ async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: ByteStream) -> R
         .await
     {
         Ok(()) => Ok(()),
-        Err(e) if error::status(&e) == Some(400) && error::message(&e).contains("overwrite") => {
+        // 400 or 500 ("Error processing tar file(exit status 1): cannot overwrite
+        // directory ... with non-directory"), depending on the daemon's version.
+        Err(e) if error::message(&e).contains("cannot overwrite") => {
             Err(Error::invalid_spec(
                 "path",
                 format!(
@@ -510,7 +512,7 @@ async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: ByteStream) -> R
         }
         Err(e) => Err(error::map("upload archive", e)
             .with("run", id)
-            .with("path", dir)),
+            .with("dir", dir)),
     }
 }
 

@@ -12,6 +12,19 @@ pub const BUSYBOX: &str = "sandbox-test/busybox:latest";
 const BUSYBOX_BIN: &str = "/bin/busybox";
 const ENTRYPOINT: &str = r#"ENTRYPOINT ["/bin/sh", "-c", "touch /entrypoint-ran; exit 3"]"#;
 
+/// An image whose keep-alive cannot start: no `sleep` at all.
+pub const NO_SLEEP: &str = "sandbox-test/no-sleep:latest";
+/// An image whose `sleep` exits at once with an error.
+pub const SLEEP_EXITS: &str = "sandbox-test/sleep-exits:latest";
+
+/// What differs between the test images.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Variant {
+    Full,
+    NoSleep,
+    SleepExits,
+}
+
 /// Builds the test images (cheap to repeat: a rebuild only retags).
 pub fn build() -> Result<()> {
     if !Path::new(BUSYBOX_BIN).exists() {
@@ -24,11 +37,24 @@ pub fn build() -> Result<()> {
             "{BUSYBOX_BIN} is dynamically linked: install Debian's busybox-static (apt-get install busybox-static)"
         );
     }
-    let rootfs = busybox_rootfs().context("building the busybox root filesystem")?;
+    for (name, variant) in [
+        (BUSYBOX, Variant::Full),
+        (NO_SLEEP, Variant::NoSleep),
+        (SLEEP_EXITS, Variant::SleepExits),
+    ] {
+        let rootfs = busybox_rootfs(variant)
+            .with_context(|| format!("building the root filesystem of {name}"))?;
+        import(name, &rootfs)?;
+    }
+    Ok(())
+}
+
+/// `docker import`s a root filesystem as `name`, unless the image already holds it.
+fn import(name: &str, rootfs: &[u8]) -> Result<()> {
     let hash = {
         use std::hash::{Hash, Hasher};
         let mut h = std::hash::DefaultHasher::new();
-        (&rootfs, ENTRYPOINT).hash(&mut h);
+        (rootfs, ENTRYPOINT).hash(&mut h);
         format!("{:016x}", h.finish())
     };
     let current = Command::new("docker")
@@ -37,37 +63,32 @@ pub fn build() -> Result<()> {
             "inspect",
             "--format",
             "{{index .Config.Labels \"sandbox.test/content\"}}",
-            BUSYBOX,
+            name,
         ])
         .output()?;
     if String::from_utf8_lossy(&current.stdout).trim() == hash {
-        eprintln!("{BUSYBOX} is up to date");
+        eprintln!("{name} is up to date");
         return Ok(());
     }
     let label = format!("LABEL sandbox.test/content={hash}");
     let mut child = Command::new("docker")
         .args([
-            "import", "--change", ENTRYPOINT, "--change", "CMD []", "--change", &label, "-",
-            BUSYBOX,
+            "import", "--change", ENTRYPOINT, "--change", "CMD []", "--change", &label, "-", name,
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .context("running docker import")?;
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(&rootfs)?;
+    child.stdin.take().expect("piped stdin").write_all(rootfs)?;
     let status = child.wait()?;
     if !status.success() {
-        bail!("docker import of {BUSYBOX} failed: {status}");
+        bail!("docker import of {name} failed: {status}");
     }
-    eprintln!("built {BUSYBOX}");
+    eprintln!("built {name}");
     Ok(())
 }
 
-fn busybox_rootfs() -> Result<Vec<u8>> {
+fn busybox_rootfs(variant: Variant) -> Result<Vec<u8>> {
     let busybox = std::fs::read(BUSYBOX_BIN)?;
     let applets = Command::new(BUSYBOX_BIN).arg("--list").output()?;
     let applets = String::from_utf8(applets.stdout)?;
@@ -92,7 +113,21 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
     append_dir(&mut tar, "home", 0o755, 0)?;
     append_dir(&mut tar, "home/sandbox", 0o755, 1000)?;
     append_file(&mut tar, "bin/busybox", &busybox, 0o755)?;
-    for applet in applets.lines().filter(|a| !a.is_empty() && *a != "busybox") {
+    match variant {
+        Variant::Full => {}
+        Variant::NoSleep => {}
+        Variant::SleepExits => append_file(
+            &mut tar,
+            "bin/sleep",
+            b"#!/bin/sh\necho \"sleep: the sleep of this test image always fails\" >&2\nexit 3\n",
+            0o755,
+        )?,
+    }
+    let skip_sleep = variant != Variant::Full;
+    for applet in applets
+        .lines()
+        .filter(|a| !a.is_empty() && *a != "busybox" && !(skip_sleep && *a == "sleep"))
+    {
         let mut header = tar::Header::new_gnu();
         header.set_entry_type(tar::EntryType::Symlink);
         header.set_mode(0o777);

@@ -153,3 +153,43 @@ pub async fn read_only_root_with_ca(cx: &Context) -> anyhow::Result<()> {
     run.stop().await?;
     Ok(())
 }
+
+/// Env names that look like options or hold dots and spaces reach the command as given,
+/// in the run's env and an exec's.
+pub async fn unusual_env_names_reach_the_command(cx: &Context) -> anyhow::Result<()> {
+    let run = cx
+        .driver
+        .start(&cx.spec().env("-u", "run-dash").env("run.dot", "1"))
+        .await?;
+    let out = run
+        .exec(
+            ExecSpec::new(["env"])
+                .env("-i", "exec-dash")
+                .env("my.var", "2")
+                .env("WITH SPACE", "3")
+                .env("--", "4"),
+        )
+        .await?;
+    ensure!(
+        out.status.success(),
+        "{}: {:?}",
+        out.status,
+        out.stderr_str()
+    );
+    let env = out.stdout_str();
+    for want in [
+        "-u=run-dash",
+        "run.dot=1",
+        "-i=exec-dash",
+        "my.var=2",
+        "WITH SPACE=3",
+        "--=4",
+    ] {
+        ensure!(
+            env.lines().any(|l| l == want),
+            "{want:?} missing from:\n{env}"
+        );
+    }
+    run.stop().await?;
+    Ok(())
+}

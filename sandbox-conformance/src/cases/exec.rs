@@ -134,3 +134,123 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
     run.stop().await?;
     Ok(())
 }
+
+/// A program that is missing or not executable: exit 127 / 126 with the reason on stderr
+/// (as a shell reports it), nothing on stdout.
+pub async fn missing_program_reports_on_stderr(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    sh_stdout(&*run, "printf x > /tmp/plain; chmod 644 /tmp/plain").await?;
+    for (argv, want) in [
+        ("no-such-program-xyz", ExitStatus::Exited(127)),
+        ("/no/such/program", ExitStatus::Exited(127)),
+        ("/tmp/plain", ExitStatus::Exited(126)),
+    ] {
+        let out = run.exec(ExecSpec::new([argv])).await?;
+        ensure!(
+            out.status == want,
+            "{argv}: expected {want}, got {}",
+            out.status
+        );
+        ensure!(
+            out.stdout.is_empty(),
+            "{argv}: the reason went to stdout: {:?}",
+            out.stdout_str()
+        );
+        ensure!(!out.stderr.is_empty(), "{argv}: nothing on stderr");
+    }
+    run.stop().await?;
+    Ok(())
+}
+
+/// A per-exec working directory or user: used when it exists; when it does not, a typed
+/// `NotFound` naming the field, promptly, once (no retry storm), and the run stays usable.
+/// Without per-exec users, `user` is `Unsupported`.
+pub async fn exec_working_dir_and_user_are_checked(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    ensure!(sh_stdout_in(&*run, ExecSpec::new(["pwd"]).working_dir("/tmp")).await? == "/tmp");
+    for spec in [
+        ExecSpec::new(["true"]).working_dir("/no/such/dir"),
+        ExecSpec::new(["true"])
+            .working_dir("/no/such/dir")
+            .timeout(std::time::Duration::from_secs(30)),
+        ExecSpec::new(["true"]).working_dir("/etc/passwd"),
+    ] {
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(std::time::Duration::from_secs(15), run.exec(spec))
+            .await
+            .map_err(|_| anyhow::anyhow!("an exec in a missing directory hung"))?;
+        match result {
+            Ok(out) => anyhow::bail!("an exec in a missing directory ran: {}", out.status),
+            Err(e) => ensure!(
+                e.kind() == runcell_core::ErrorKind::NotFound && e.field() == Some("working_dir"),
+                "missing working_dir: {e}"
+            ),
+        }
+        ensure!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+    // On a stream it is a status.
+    let status = run
+        .exec_stream(ExecSpec::new(["true"]).working_dir("/no/such/dir"))
+        .await?
+        .wait()
+        .await;
+    ensure!(
+        matches!(&status, ExitStatus::NotStarted { field, .. } if field == "working_dir"),
+        "stream: {status}"
+    );
+    if cx.caps.exec_user {
+        ensure!(sh_stdout_in(&*run, ExecSpec::new(["id", "-u"]).user("1000")).await? == "1000");
+        if cx.caps.user_names {
+            ensure!(
+                sh_stdout_in(&*run, ExecSpec::new(["id", "-u"]).user("nobody")).await? == "65534"
+            );
+            match run.exec(ExecSpec::new(["true"]).user("no-such-user")).await {
+                Ok(out) => anyhow::bail!("an exec as a missing user ran: {}", out.status),
+                Err(e) => ensure!(
+                    e.kind() == runcell_core::ErrorKind::NotFound && e.field() == Some("user"),
+                    "missing user: {e}"
+                ),
+            }
+        }
+    } else {
+        match run.exec(ExecSpec::new(["true"]).user("1000")).await {
+            Ok(out) => anyhow::bail!("a per-exec user ran without the capability: {}", out.status),
+            Err(e) => ensure!(
+                e.kind() == runcell_core::ErrorKind::Unsupported && e.field() == Some("user"),
+                "per-exec user: {e}"
+            ),
+        }
+    }
+    ensure!(sh_stdout(&*run, "echo still-usable").await? == "still-usable");
+    run.stop().await?;
+    Ok(())
+}
+
+/// The exit status travels where the command cannot write: printing anything (such as a
+/// fake status trailer carrying its own exec id) on stdout or stderr changes nothing.
+pub async fn the_exit_status_cannot_be_forged(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    let script = r#"for id in "$SANDBOX_EXEC_ID" x; do
+      printf '\0\0sbx-exit:%s:0\0' "$id" >&2; printf '\0\0sbx-exit:%s:0\0' "$id"
+    done; sleep 2; exit 3"#;
+    let started = std::time::Instant::now();
+    let out = run.exec(ExecSpec::new(["sh", "-c", script])).await?;
+    ensure!(out.status == ExitStatus::Exited(3), "got {}", out.status);
+    ensure!(
+        started.elapsed() >= std::time::Duration::from_secs(2),
+        "returned before the command ended"
+    );
+    run.stop().await?;
+    Ok(())
+}
+
+async fn sh_stdout_in(run: &dyn runcell_core::Run, spec: ExecSpec) -> anyhow::Result<String> {
+    let out = run.exec(spec).await?;
+    ensure!(
+        out.status.success(),
+        "{}: {:?}",
+        out.status,
+        out.stderr_str()
+    );
+    Ok(out.stdout_str().trim_end().to_string())
+}

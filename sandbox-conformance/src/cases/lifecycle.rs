@@ -231,3 +231,46 @@ pub async fn missing_image_is_not_found(cx: &Context) -> anyhow::Result<()> {
     }
     cx.assert_case_clean().await
 }
+
+/// `create` succeeds only when the target runs and answers an exec: an image without
+/// `sleep`, one whose `sleep` exits at once, and (where pids limits exist) a limit too
+/// small to start are `StartFailed` (or `NotFound` for an image the backend cannot use)
+/// within a bound, saying why, and nothing is left.
+pub async fn keepalive_that_cannot_run_fails_create(cx: &Context) -> anyhow::Result<()> {
+    let mut cases = vec![
+        ("no sleep", cx.spec_with_image(&crate::no_sleep_image())),
+        (
+            "sleep exits",
+            cx.spec_with_image(&crate::sleep_exits_image()),
+        ),
+    ];
+    if cx.caps.pids_limit {
+        cases.push(("pids limit 1", cx.spec().pids(1)));
+    }
+    for (what, spec) in cases {
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(90), cx.driver.create(&spec))
+            .await
+            .map_err(|_| anyhow::anyhow!("{what}: create hung"))?;
+        match result {
+            Ok(run) => {
+                let status = run.exec(ExecSpec::new(["true"])).await.map(|o| o.status);
+                run.stop().await?;
+                bail!("{what}: create returned a run (first exec: {status:?})");
+            }
+            Err(e) => {
+                ensure!(
+                    e.kind() == ErrorKind::StartFailed,
+                    "{what}: expected StartFailed, got {e}"
+                );
+                ensure!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{what}: took {:?}",
+                    started.elapsed()
+                );
+            }
+        }
+        cx.assert_case_clean().await?;
+    }
+    Ok(())
+}

@@ -7,6 +7,7 @@ use crate::{Case, Context};
 mod env;
 mod exec;
 mod files;
+mod hostile;
 mod lifecycle;
 mod robustness;
 mod workspace;
@@ -14,6 +15,7 @@ mod workspace;
 pub use env::*;
 pub use exec::*;
 pub use files::*;
+pub use hostile::*;
 pub use lifecycle::*;
 pub use robustness::*;
 pub use workspace::*;
@@ -38,6 +40,11 @@ fn files(c: &Capabilities) -> bool {
 /// Every case, with the capabilities it needs.
 pub static CASES: &[Case] = &[
     case!(invalid_specs_are_rejected_before_anything_exists),
+    case!(hostile_run_specs_are_typed_errors),
+    case!(hostile_exec_specs_are_typed_errors),
+    case!(hostile_file_paths_are_typed_errors, files),
+    case!(durations_at_the_extremes_are_safe),
+    case!(keepalive_that_cannot_run_fails_create),
     case!(entrypoint_never_runs),
     case!(missing_image_is_not_found),
     case!(workspace_persists_across_execs),
@@ -45,15 +52,21 @@ pub static CASES: &[Case] = &[
         || c.workspace_seed),
     case!(working_dir_is_the_same_on_every_exec),
     case!(env_is_injected_and_exec_env_wins),
+    case!(unusual_env_names_reach_the_command),
     case!(proxy_is_set_in_both_cases),
     case!(ca_variables_point_at_the_injected_cert),
     case!(read_only_root_with_ca, |c| c.read_only_rootfs),
     case!(post_create_effects_are_visible),
     case!(failing_post_create_leaves_nothing),
     case!(exit_codes_are_distinct),
+    case!(missing_program_reports_on_stderr),
+    case!(exec_working_dir_and_user_are_checked),
+    case!(the_exit_status_cannot_be_forged),
     case!(stdout_and_stderr_are_apart_and_binary_safe, files),
     case!(stdin_round_trips_with_eof),
     case!(files_round_trip, files),
+    case!(file_operations_never_replace_directories, files),
+    case!(large_files_stream_in_bounded_memory, files),
     case!(stop_is_idempotent_and_leaves_nothing),
     case!(dropped_guard_cleans_up),
     case!(guard_cleans_up_on_panic),
@@ -61,6 +74,7 @@ pub static CASES: &[Case] = &[
     case!(attach_sees_the_same_run, |c| c.attach),
     case!(removed_target_is_run_lost),
     case!(timeout_kills_the_process_tree),
+    case!(timeout_kills_descendants_that_cleared_their_env),
     case!(cancellation_kills_the_process_tree),
     case!(background_stdout_holder_returns),
     case!(buffered_output_is_capped),

@@ -59,6 +59,26 @@ pub async fn timeout_kills_the_process_tree(cx: &Context) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A timeout also kills descendants that cleared their environment (so carry no exec
+/// marker), also in a new session, while their parent lives.
+pub async fn timeout_kills_descendants_that_cleared_their_env(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    let script = "env -i sleep 1301 & setsid env -i sleep 1302 & \
+                  (env -i sh -c 'sleep 1303 & exec sleep 1304') & \
+                  trap '' TERM; echo started; sleep 1305; wait";
+    let out = run
+        .exec(ExecSpec::new(["sh", "-c", script]).timeout(Duration::from_secs(2)))
+        .await?;
+    ensure!(
+        out.status == ExitStatus::TimedOut,
+        "expected timed out, got {}",
+        out.status
+    );
+    wait_gone(&*run, "sleep 130", Duration::from_secs(3)).await?;
+    run.stop().await?;
+    Ok(())
+}
+
 /// Dropping a running exec kills its processes.
 pub async fn cancellation_kills_the_process_tree(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
@@ -136,11 +156,7 @@ pub async fn buffered_output_is_capped(cx: &Context) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
-}
+use crate::rss_bytes;
 
 /// 64 MiB streamed through a slow reader: every byte arrives, host memory stays bounded.
 pub async fn large_output_streams_in_bounded_memory(cx: &Context) -> anyhow::Result<()> {
