@@ -167,8 +167,29 @@ pub struct Case {
     pub run: for<'a> fn(&'a Context) -> BoxFuture<'a, anyhow::Result<()>>,
 }
 
+/// Cases that measure this process's memory: they run alone, so that other cases running
+/// in parallel do not count against their bound.
+pub const MEMORY_CASES: &[&str] = &[
+    "large_output_streams_in_bounded_memory",
+    "large_files_stream_in_bounded_memory",
+];
+
+static EXCLUSIVE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// Runs one case, then asserts that nothing labelled with it remains (also when it failed).
+/// Cases in [`MEMORY_CASES`] wait until no other case runs, and hold the others off.
 pub async fn run_case(cx: &Context, case: &Case) -> anyhow::Result<()> {
+    let alone = MEMORY_CASES.contains(&case.name);
+    let _alone = if alone {
+        Some(EXCLUSIVE.write().await)
+    } else {
+        None
+    };
+    let _shared = if alone {
+        None
+    } else {
+        Some(EXCLUSIVE.read().await)
+    };
     let cx = cx.for_case(case.name);
     let result = (case.run)(&cx).await;
     let clean = cx.assert_case_clean().await;
