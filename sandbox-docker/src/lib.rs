@@ -500,16 +500,14 @@ async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: ByteStream) -> R
         Ok(()) => Ok(()),
         // 400 or 500 ("Error processing tar file(exit status 1): cannot overwrite
         // directory ... with non-directory"), depending on the daemon's version.
-        Err(e) if error::message(&e).contains("cannot overwrite") => {
-            Err(Error::invalid_spec(
-                "path",
-                format!(
-                    "would replace a directory with a non-directory (or the reverse) in {dir}: {}",
-                    error::message(&e)
-                ),
-            )
-            .with("run", id))
-        }
+        Err(e) if error::message(&e).contains("cannot overwrite") => Err(Error::invalid_spec(
+            "path",
+            format!(
+                "would replace a directory with a non-directory (or the reverse) in {dir}: {}",
+                error::message(&e)
+            ),
+        )
+        .with("run", id)),
         Err(e) => Err(error::map("upload archive", e)
             .with("run", id)
             .with("dir", dir)),
