@@ -3,14 +3,14 @@
 # kubectl built with the cluster and the local image sandbox-test/busybox:latest.
 #
 # Usage: smoke.sh [KUBECONFIG]
-#   default kubeconfig: $SANDBOX_K8S_STATE/kubeconfig (state dir as in cluster.sh)
+#   default kubeconfig: $RUNCELL_TESTENV_STATE/kubeconfig (state dir as in cluster.sh)
 #   KUBECTL=...   kubectl binary (default: the one cluster.sh built)
 # Prints one line per check and "N passed, N failed" at the end; exits 1 on failure.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))
-state=${SANDBOX_K8S_STATE:-$repo/target/k8s}
+state=${RUNCELL_TESTENV_STATE:-$repo/target/k8s}
 kubeconfig=${1:-$state/kubeconfig}
 image=${SANDBOX_TEST_IMAGE:-sandbox-test/busybox:latest}
 kubectl_bin=${KUBECTL:-$(ls -t "$state"/bin/controlplane-*/kubectl 2>/dev/null | head -n 1)}

@@ -29,10 +29,6 @@ fn script(name: &str) -> Command {
     let mut cmd = Command::new("bash");
     cmd.arg(repo().join("testenv/k8s").join(name))
         .env(STATE_ENV, state_dir());
-    if name == "smoke.sh" {
-        // smoke.sh still reads the old name (not renamed yet); only it sees the variable.
-        cmd.env("SANDBOX_K8S_STATE", state_dir());
-    }
     cmd
 }
 
