@@ -1,5 +1,6 @@
 //! One error type for every driver: a [`ErrorKind`] to match on, a message, the spec
-//! field at fault (for invalid specs), context pairs and the underlying source.
+//! field at fault (for invalid specs), the operation that failed, context pairs, the
+//! underlying source, and whether a retry may help.
 
 use std::fmt;
 
@@ -51,41 +52,47 @@ impl fmt::Display for ErrorKind {
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The error of every fallible operation in this library.
+///
+/// `Display` is one line (kind, field, message, context, source). `Debug` spreads the
+/// same over several lines, adds the operation and the whole chain of causes, and prints
+/// nothing else: no value `Display` would not show.
 pub struct Error {
     kind: ErrorKind,
     message: String,
     field: Option<String>,
+    operation: Option<&'static str>,
     context: Vec<(&'static str, String)>,
     source: Option<Source>,
+    temporary: bool,
 }
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// A new error of `kind` with a human message.
+    /// A new error of `kind` with a human message. It is temporary (see
+    /// [`Error::is_temporary`]) when `kind` is [`ErrorKind::Unavailable`] or
+    /// [`ErrorKind::Timeout`].
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
             kind,
             message: message.into(),
             field: None,
+            operation: None,
             context: Vec::new(),
             source: None,
+            temporary: matches!(kind, ErrorKind::Unavailable | ErrorKind::Timeout),
         }
     }
 
     /// An [`ErrorKind::InvalidSpec`] error naming the field at fault (e.g. `env[2].name`).
     pub fn invalid_spec(field: impl Into<String>, message: impl Into<String>) -> Self {
-        let mut e = Error::new(ErrorKind::InvalidSpec, message);
-        e.field = Some(field.into());
-        e
+        Error::new(ErrorKind::InvalidSpec, message).with_field(field)
     }
 
     /// An [`ErrorKind::Unsupported`] error naming the spec field the driver cannot honour.
     pub fn unsupported(field: impl Into<String>, message: impl Into<String>) -> Self {
-        let mut e = Error::new(ErrorKind::Unsupported, message);
-        e.field = Some(field.into());
-        e
+        Error::new(ErrorKind::Unsupported, message).with_field(field)
     }
 
     /// Names the spec field at fault, for any kind (e.g. an exec's `working_dir` that does
@@ -95,7 +102,14 @@ impl Error {
         self
     }
 
-    /// Adds a context pair (operation, run id, image, address...).
+    /// Names the operation that failed (`create container`, `exec`, `delete pod`...). The
+    /// message is left as it is, so it may say the same in words.
+    pub fn with_operation(mut self, operation: &'static str) -> Self {
+        self.operation = Some(operation);
+        self
+    }
+
+    /// Adds a context pair (run id, image, address, path...).
     pub fn with(mut self, key: &'static str, value: impl fmt::Display) -> Self {
         self.context.push((key, value.to_string()));
         self
@@ -105,6 +119,18 @@ impl Error {
     pub fn with_source(mut self, source: impl Into<Source>) -> Self {
         self.source = Some(source.into());
         self
+    }
+
+    /// Marks the error temporary: the same call, repeated later, may succeed.
+    pub fn temporary(mut self) -> Self {
+        self.temporary = true;
+        self
+    }
+
+    /// Sets whether a retry may help, overriding the default of the kind (e.g. `false`
+    /// for an [`ErrorKind::Unavailable`] error that a retry cannot fix).
+    pub fn set_temporary(&mut self, temporary: bool) {
+        self.temporary = temporary;
     }
 
     /// The kind to match on.
@@ -122,6 +148,19 @@ impl Error {
     /// working directory, an unknown user, a missing image).
     pub fn field(&self) -> Option<&str> {
         self.field.as_deref()
+    }
+
+    /// The operation that failed, where the error was given one.
+    pub fn operation(&self) -> Option<&str> {
+        self.operation
+    }
+
+    /// Whether the same call, repeated later, may succeed. True by default for
+    /// [`ErrorKind::Unavailable`] and [`ErrorKind::Timeout`], false for other kinds;
+    /// [`Error::temporary`] and [`Error::set_temporary`] override it. The library itself
+    /// never retries.
+    pub fn is_temporary(&self) -> bool {
+        self.temporary
     }
 
     /// The context pairs, in the order they were added.
@@ -155,9 +194,37 @@ impl fmt::Display for Error {
     }
 }
 
+/// One line per part, present parts only, then every cause:
+///
+/// ```text
+/// backend unavailable (temporary)
+///     operation: create container
+///     message: docker: create container failed
+///     image: busybox
+///     caused by: error trying to connect: No such file or directory
+/// ```
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
+        write!(f, "{}", self.kind)?;
+        if self.temporary {
+            f.write_str(" (temporary)")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, "\n    field: {field}")?;
+        }
+        if let Some(operation) = self.operation {
+            write!(f, "\n    operation: {operation}")?;
+        }
+        write!(f, "\n    message: {}", self.message)?;
+        for (k, v) in &self.context {
+            write!(f, "\n    {k}: {v}")?;
+        }
+        let mut cause = std::error::Error::source(self);
+        while let Some(e) = cause {
+            write!(f, "\n    caused by: {e}")?;
+            cause = e.source();
+        }
+        Ok(())
     }
 }
 
@@ -187,5 +254,110 @@ mod tests {
         assert_eq!(e.field(), Some("env[0].name"));
         assert_eq!(e.context_value("run"), Some("r1"));
         assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn operation_is_a_field_and_the_message_stays() {
+        let e = Error::new(ErrorKind::Backend, "docker: create container failed")
+            .with_operation("create container")
+            .with("image", "busybox");
+        assert_eq!(e.operation(), Some("create container"));
+        assert_eq!(e.message(), "docker: create container failed");
+        assert_eq!(
+            e.to_string(),
+            "backend error: docker: create container failed, image: busybox"
+        );
+        assert_eq!(Error::new(ErrorKind::Backend, "x").operation(), None);
+    }
+
+    #[test]
+    fn unavailable_and_timeout_are_temporary_by_default() {
+        for kind in [ErrorKind::Unavailable, ErrorKind::Timeout] {
+            assert!(Error::new(kind, "x").is_temporary(), "{kind}");
+        }
+        for kind in [
+            ErrorKind::InvalidSpec,
+            ErrorKind::Unsupported,
+            ErrorKind::NotFound,
+            ErrorKind::RunLost,
+            ErrorKind::PostCreateFailed,
+            ErrorKind::StartFailed,
+            ErrorKind::Config,
+            ErrorKind::Backend,
+        ] {
+            assert!(!Error::new(kind, "x").is_temporary(), "{kind}");
+        }
+        assert!(!Error::invalid_spec("image", "x").is_temporary());
+        assert!(!Error::unsupported("ttl", "x").is_temporary());
+    }
+
+    #[test]
+    fn temporary_can_be_set_either_way() {
+        let e = Error::new(ErrorKind::Backend, "429 too many requests").temporary();
+        assert!(e.is_temporary());
+        let mut e = Error::new(ErrorKind::Unavailable, "no such socket");
+        e.set_temporary(false);
+        assert!(!e.is_temporary());
+        e.set_temporary(true);
+        assert!(e.is_temporary());
+    }
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl fmt::Display for Layer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn debug_puts_each_part_on_its_line_with_the_whole_chain() {
+        let chain = Layer(
+            "client error",
+            Some(Box::new(Layer("connection refused", None))),
+        );
+        let e = Error::new(ErrorKind::Unavailable, "docker: create container failed")
+            .with_operation("create container")
+            .with_field("image")
+            .with("image", "busybox")
+            .with("address", "unix:///var/run/docker.sock")
+            .with_source(chain);
+        assert_eq!(
+            format!("{e:?}"),
+            "backend unavailable (temporary)\n    \
+             field: image\n    \
+             operation: create container\n    \
+             message: docker: create container failed\n    \
+             image: busybox\n    \
+             address: unix:///var/run/docker.sock\n    \
+             caused by: client error\n    \
+             caused by: connection refused"
+        );
+        assert!(!e.to_string().contains('\n'));
+        assert_eq!(
+            format!("{:?}", Error::new(ErrorKind::NotFound, "no run sbx-1")),
+            "not found\n    message: no run sbx-1"
+        );
+    }
+
+    #[test]
+    fn debug_shows_no_value_display_hides() {
+        // Everything in Debug but the operation, the temporary mark and the causes past
+        // the first must already be in Display.
+        let e = Error::invalid_spec("env[0].value", "the value of TOKEN must not contain NUL")
+            .with("run", "r1")
+            .with_source(std::io::Error::other("inner"));
+        let display = e.to_string();
+        for line in format!("{e:?}").lines() {
+            let value = line.trim().split_once(": ").map_or(line.trim(), |(_, v)| v);
+            assert!(display.contains(value), "{line:?} not in {display:?}");
+        }
     }
 }
