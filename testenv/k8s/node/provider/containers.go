@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/distribution/reference"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
@@ -99,13 +100,8 @@ func (p *Provider) ensureContainer(ctx context.Context, rec *podRecord, pod *cor
 
 	img, err := p.docker.ImageInspect(ctx, c.Image)
 	if err != nil {
-		if client.IsErrNotFound(err) {
-			reason := "ErrImagePull"
-			if attempt > 0 {
-				reason = "ImagePullBackOff"
-			}
-			p.setContainerWaiting(rec, c.Name, reason, fmt.Sprintf(
-				"image %q is not present in the local Docker daemon and this test node never pulls images", c.Image))
+		if reason, msg, ok := imageWaiting(c, err, attempt); ok {
+			p.setContainerWaiting(rec, c.Name, reason, msg)
 			return "", errWaiting
 		}
 		return "", err
@@ -133,6 +129,30 @@ func (p *Provider) ensureContainer(ctx context.Context, rec *podRecord, pod *cor
 		log.G(ctx).WithError(err).WithField("container", name).Info("container failed to start")
 	}
 	return created.ID, nil
+}
+
+// imageWaiting maps a failed image inspect to the Waiting state a kubelet reports:
+// InvalidImageName for a reference that does not parse (kubelet's applyDefaultImageTag),
+// ErrImageNeverPull for a missing image with pull policy Never, else ErrImagePull and
+// then ImagePullBackOff (this node never pulls). ok is false for other errors (daemon
+// trouble), which are retried without a reason.
+func imageWaiting(c *corev1.Container, inspectErr error, attempt int) (reason, msg string, ok bool) {
+	if _, err := reference.ParseNormalizedNamed(c.Image); err != nil {
+		return "InvalidImageName", fmt.Sprintf("Failed to apply default image tag %q: couldn't parse image name %q: %v",
+			c.Image, c.Image, err), true
+	}
+	switch {
+	case !client.IsErrNotFound(inspectErr):
+		return "", "", false
+	case c.ImagePullPolicy == corev1.PullNever:
+		return "ErrImageNeverPull", fmt.Sprintf("Container image %q is not present with pull policy of Never", c.Image), true
+	case attempt > 0:
+		return "ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: image %q is not present in the local Docker daemon and this test node never pulls images",
+			c.Image, c.Image), true
+	default:
+		return "ErrImagePull", fmt.Sprintf("image %q is not present in the local Docker daemon and this test node never pulls images",
+			c.Image), true
+	}
 }
 
 // containerConfig translates a Kubernetes container into Docker create options.

@@ -6,8 +6,12 @@
 //   - Every container is created with NetworkMode "none", Docker's init process as
 //     PID 1 (Init: true) and labels naming the pod (see labels.go) so that the
 //     containers of this provider can always be found again.
-//   - Images are never pulled: a missing image leaves the container Waiting with
-//     reason ErrImagePull (first attempt) or ImagePullBackOff (retries).
+//   - Images are never pulled. As a kubelet would, a reference that does not parse
+//     leaves the container Waiting with reason InvalidImageName; a missing image with
+//     reason ErrImageNeverPull (pull policy Never) or ErrImagePull (first attempt) and
+//     then ImagePullBackOff (retries).
+//   - terminationMessagePolicy FallbackToLogsOnError: a container that exited non-zero
+//     gets the tail of its logs as its termination message (80 lines, 2048 bytes).
 //   - Pod status is derived from `docker inspect` on every evaluation and pushed to
 //     virtual-kubelet through NotifyPods, triggered by Docker events and by a
 //     periodic resync.
@@ -76,6 +80,9 @@ type podRecord struct {
 	initFailed       bool // an init container exited non-zero
 	deleted          bool
 	cancelStart      context.CancelFunc // stops the asynchronous start loop
+
+	// logTails caches the FallbackToLogsOnError message of failed containers, by ID.
+	logTails map[string]string
 
 	// lastStatus keeps condition transition times stable between evaluations.
 	lastStatus *corev1.PodStatus

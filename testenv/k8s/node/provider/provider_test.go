@@ -1,11 +1,15 @@
 package provider
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -130,5 +134,34 @@ func TestSubPathRefusesEscape(t *testing.T) {
 	got, err := v.subPath("a/b")
 	if err != nil || got != filepath.Join(v.path, "a", "b") {
 		t.Errorf("subPath a/b = %q, %v", got, err)
+	}
+}
+
+func TestImageWaitingLikeAKubelet(t *testing.T) {
+	notFound := fmt.Errorf("No such image: %w", cerrdefs.ErrNotFound)
+	other := errors.New("daemon trouble")
+	for _, tc := range []struct {
+		image   string
+		policy  corev1.PullPolicy
+		err     error
+		attempt int
+		reason  string
+	}{
+		{"Busybox:latest", corev1.PullIfNotPresent, other, 0, "InvalidImageName"},
+		{"garbage:::", corev1.PullNever, notFound, 3, "InvalidImageName"},
+		{"sandbox-test/nope:1", corev1.PullNever, notFound, 0, "ErrImageNeverPull"},
+		{"sandbox-test/nope:1", corev1.PullNever, notFound, 2, "ErrImageNeverPull"},
+		{"sandbox-test/nope:1", corev1.PullIfNotPresent, notFound, 0, "ErrImagePull"},
+		{"sandbox-test/nope:1", corev1.PullAlways, notFound, 1, "ImagePullBackOff"},
+		{"sandbox-test/nope:1", corev1.PullIfNotPresent, other, 0, ""},
+	} {
+		c := corev1.Container{Name: "c", Image: tc.image, ImagePullPolicy: tc.policy}
+		reason, msg, ok := imageWaiting(&c, tc.err, tc.attempt)
+		if reason != tc.reason || ok != (tc.reason != "") {
+			t.Errorf("%s %s attempt %d: got %q (%v), want %q", tc.image, tc.policy, tc.attempt, reason, ok, tc.reason)
+		}
+		if ok && !strings.Contains(msg, tc.image) {
+			t.Errorf("%s: message does not name the image: %s", tc.image, msg)
+		}
 	}
 }

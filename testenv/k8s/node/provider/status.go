@@ -1,11 +1,14 @@
 package provider
 
 import (
+	"bytes"
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -38,7 +41,12 @@ func (p *Provider) computeStatus(ctx context.Context, rec *podRecord) *corev1.Po
 
 	view := func(c corev1.Container) containerView {
 		if id, ok := ids[c.Name]; ok {
-			return p.inspectContainer(ctx, c, id)
+			v := p.inspectContainer(ctx, c, id)
+			if t := v.status.State.Terminated; t != nil && t.ExitCode != 0 && t.Message == "" &&
+				c.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError {
+				t.Message = p.logTail(ctx, rec, id)
+			}
+			return v
 		}
 		w, ok := waiting[c.Name]
 		if !ok {
@@ -120,6 +128,48 @@ func (p *Provider) computeStatus(ctx context.Context, rec *podRecord) *corev1.Po
 	rec.lastStatus = st.DeepCopy()
 	p.mu.Unlock()
 	return st
+}
+
+// The kubelet's bounds for a termination message taken from the logs
+// (kubecontainer.MaxContainerTerminationMessageLogLines / ...LogLength).
+const (
+	terminationLogLines = 80
+	terminationLogBytes = 2048
+)
+
+// logTail is what FallbackToLogsOnError puts in the termination message of a container
+// that failed: the end of its logs (stdout and stderr), at most 80 lines and 2048
+// bytes. Read once per container and kept in the pod record.
+func (p *Provider) logTail(ctx context.Context, rec *podRecord, id string) string {
+	p.mu.Lock()
+	tail, ok := rec.logTails[id]
+	p.mu.Unlock()
+	if ok {
+		return tail
+	}
+	rc, err := p.docker.ContainerLogs(ctx, id, container.LogsOptions{
+		ShowStdout: true, ShowStderr: true, Tail: strconv.Itoa(terminationLogLines),
+	})
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	var buf bytes.Buffer
+	if _, err := stdcopy.StdCopy(&buf, &buf, rc); err != nil {
+		return ""
+	}
+	b := buf.Bytes()
+	if len(b) > terminationLogBytes {
+		b = b[len(b)-terminationLogBytes:]
+	}
+	tail = string(b)
+	p.mu.Lock()
+	if rec.logTails == nil {
+		rec.logTails = map[string]string{}
+	}
+	rec.logTails[id] = tail
+	p.mu.Unlock()
+	return tail
 }
 
 // condition builds a pod condition, keeping the previous transition time when the
