@@ -5,8 +5,27 @@
 //! Connect directly with [`K8sDriver::connect`], or through the registry as `k8s`
 //! (config from `SANDBOX_K8S_*`: `namespace`, `runtime_class`, `node_selector`
 //! (`k=v,k=v`), `tolerations` (JSON), `pod_labels`, `pod_annotations`,
-//! `ready_timeout_secs`, `sync_workspace_on_stop`). The cluster comes from `KUBECONFIG`,
-//! `~/.kube/config` or the in-cluster service account.
+//! `ready_timeout_secs`, `sync_workspace_on_stop`, `exec_v4_compatible`). The cluster comes
+//! from `KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
+//!
+//! # The application picks the Kubernetes version
+//!
+//! Like every library on [`k8s_openapi`], this crate enables no Kubernetes version
+//! feature of it: two libraries picking different ones would break every application
+//! that links both. The application (the crate that builds the binary or the tests) must
+//! enable exactly one, normally the oldest API server it supports:
+//!
+//! ```toml
+//! [dependencies]
+//! runcell-k8s = "0.1"
+//! k8s-openapi = { version = "0.29", features = ["v1_36"] }
+//! ```
+//!
+//! Without one, k8s-openapi's build script stops the build ("None of the v1_* features
+//! are enabled"). To check or document this crate on its own, set
+//! `K8S_OPENAPI_ENABLED_VERSION=1.36` instead. Any version k8s-openapi 0.29 supports
+//! works; exec stdin EOF needs API servers 1.30+ at run time, older ones get the v4 path
+//! (see [`K8sConfig::exec_v4_compatible`]).
 #![forbid(unsafe_code)]
 
 mod error;
