@@ -14,7 +14,10 @@ mod capabilities;
 mod error;
 mod exec;
 pub mod files;
+mod guard;
 pub mod labels;
+pub mod raw;
+mod reap;
 mod registry;
 mod run;
 mod spec;
@@ -26,11 +29,10 @@ pub use exec::{
     KILL_SCRIPT, OutputChunk, StdinWriter,
 };
 pub use files::{ByteStream, FileReader};
+pub use guard::{CreateGuard, RunGuard, stop_guarded_runs, stop_runs_on_signal};
+pub use reap::{ReapReason, reap};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
-pub use run::{
-    CreateGuard, Driver, DriverExt, ReapReason, Run, RunExt, RunGuard, RunInfo, new_run_id,
-    prepare, reap, run_post_create, stop_guarded_runs, stop_runs_on_signal,
-};
+pub use run::{Driver, DriverExt, Run, RunExt, RunInfo, new_run_id, prepare, run_post_create};
 pub use spec::{
     DEFAULT_WORKSPACE_PATH, ExecSpec, Network, Proxy, PullPolicy, Resources, RunSpec, Security,
     Stdin, Workspace,

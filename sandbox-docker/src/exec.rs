@@ -1,5 +1,6 @@
-//! One exec: create → start (hijacked, `Tty=false`) → inspect, and the kill that a
-//! timeout or cancellation needs (Docker has no kill-exec API).
+//! One raw exec: create → start (hijacked, `Tty=false`) → inspect. Core adds the exec
+//! marker, the pump and the kill (Docker has no kill-exec API: core's kill is one more
+//! exec).
 //!
 //! When the engine cannot start the command it writes its own message into the exec's
 //! stdout and reports 126 (Docker 20.10) or 127. The message is held back and read: a
@@ -17,45 +18,19 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use runcell_core::{
-    EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecSpec, ExecStream, ExitStatus, OutputChunk,
-    Result, Stdin,
-};
+use runcell_core::raw::{RawExec, RawProcess, RawStatus};
+use runcell_core::{Error, ErrorKind, ExitStatus, OutputChunk, Result, Stdin};
 
 use crate::error;
 
 /// How long to poll `inspect` for the exit code after the streams closed.
 const STATUS_POLL: Duration = Duration::from_secs(5);
 
-/// How long the kill exec may take before it is abandoned (the script itself ends within
-/// about 1.5 s).
-const KILL_EXEC_BOUND: Duration = Duration::from_secs(8);
-
-/// Whether an exec is the caller's or one the driver starts for itself (the kill).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Origin {
-    Caller,
-    /// Never killed in turn and never classified: it can neither recurse nor outlive the
-    /// exec it serves.
-    Internal,
-}
-
-/// Starts one exec in `container`.
-pub async fn start(docker: &Docker, container: &str, spec: ExecSpec) -> Result<ExecStream> {
-    start_with(docker, container, spec, Origin::Caller).await
-}
-
-async fn start_with(
-    docker: &Docker,
-    container: &str,
-    spec: ExecSpec,
-    origin: Origin,
-) -> Result<ExecStream> {
-    spec.validate()?;
-    let exec_id_marker = format!("{:016x}", rand::random::<u64>());
-    let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    env.push(format!("{EXEC_ID_ENV}={exec_id_marker}"));
-    let attach_stdin = !matches!(spec.stdin, Stdin::Null);
+/// Starts one raw exec in `container`. Core adds the exec marker, feeds stdin, runs the
+/// pump and the kill.
+pub async fn start(docker: &Docker, container: &str, exec: RawExec) -> Result<RawProcess> {
+    let env: Vec<String> = exec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let attach_stdin = !matches!(exec.stdin, Stdin::Null);
     let created = docker
         .create_exec(
             container,
@@ -65,9 +40,9 @@ async fn start_with(
                 attach_stderr: Some(true),
                 tty: Some(false),
                 env: Some(env),
-                cmd: Some(spec.argv.clone()),
-                user: spec.user.clone(),
-                working_dir: spec.working_dir.clone(),
+                cmd: Some(exec.argv),
+                user: exec.user,
+                working_dir: exec.working_dir,
                 ..Default::default()
             },
         )
@@ -102,26 +77,17 @@ async fn start_with(
         })
         .boxed();
     let failure = Arc::new(Mutex::new(None));
-    let output = match origin {
-        Origin::Caller => hold_engine_message(output, failure.clone()),
-        Origin::Internal => output,
-    };
-    let control = DockerExec {
-        docker: docker.clone(),
-        container: container.to_string(),
-        exec_id: created.id,
-        marker: exec_id_marker,
-        user: spec.user.clone(),
-        env: spec.env.clone(),
-        failure,
-        origin,
-    };
-    Ok(ExecStream::spawn(
-        &spec,
+    let output = hold_engine_message(output, failure.clone());
+    Ok(RawProcess {
         output,
-        attach_stdin.then_some(input),
-        Box::new(control),
-    ))
+        stdin: attach_stdin.then_some(input),
+        status: Box::new(DockerStatus {
+            docker: docker.clone(),
+            container: container.to_string(),
+            exec_id: created.id,
+            failure,
+        }),
+    })
 }
 
 /// Maps a create/start failure: a container that is gone or not running is a lost run.
@@ -246,21 +212,16 @@ fn hold_engine_message(mut output: Output, failure: Arc<Mutex<Option<StartFailur
     .boxed()
 }
 
-struct DockerExec {
+/// Reads an exec's exit status from the engine.
+struct DockerStatus {
     docker: Docker,
     container: String,
     exec_id: String,
-    marker: String,
-    /// The exec's user: the kill runs as the same user, so it may signal its processes.
-    user: Option<String>,
-    /// The exec's env, for the kill (PATH and the like).
-    env: Vec<(String, String)>,
     failure: Arc<Mutex<Option<StartFailure>>>,
-    origin: Origin,
 }
 
 #[async_trait]
-impl ExecControl for DockerExec {
+impl RawStatus for DockerStatus {
     async fn status(&self) -> Result<ExitStatus> {
         let deadline = tokio::time::Instant::now() + STATUS_POLL;
         loop {
@@ -290,51 +251,6 @@ impl ExecControl for DockerExec {
                 }
                 _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
-        }
-    }
-
-    async fn kill(&self) -> Result<()> {
-        if self.origin == Origin::Internal {
-            return Ok(());
-        }
-        let spec = ExecSpec {
-            argv: [
-                "sh",
-                "-c",
-                runcell_core::KILL_SCRIPT,
-                "runcell-kill",
-                &self.marker,
-            ]
-            .map(String::from)
-            .to_vec(),
-            env: self.env.clone(),
-            user: self.user.clone(),
-            working_dir: Some("/".into()),
-            ..Default::default()
-        };
-        let kill = async {
-            let stream = Box::pin(start_with(
-                &self.docker,
-                &self.container,
-                spec,
-                Origin::Internal,
-            ))
-            .await?;
-            Ok::<_, Error>(stream.wait().await)
-        };
-        let status = tokio::time::timeout(KILL_EXEC_BOUND, kill)
-            .await
-            .map_err(|_| {
-                Error::new(ErrorKind::Timeout, "the kill exec did not end")
-                    .with("run", &self.container)
-            })??;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(
-                Error::new(ErrorKind::Backend, format!("the kill exec {status}"))
-                    .with("run", &self.container),
-            )
         }
     }
 }

@@ -24,10 +24,11 @@ use bollard::query_parameters::{
     ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures::{StreamExt, TryStreamExt};
-use runcell_core::labels::{self, Owner};
+use runcell_core::labels;
+use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
 use runcell_core::{
-    ByteStream, Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec,
-    ExecStream, PullPolicy, Result, Run, RunExt, RunInfo, RunSpec, ca, files,
+    ByteStream, Capabilities, Driver, DriverConfig, Error, ErrorKind, PullPolicy, Result, RunInfo,
+    RunSpec, ca, files,
 };
 
 pub use body::{KEEPALIVE, container_body};
@@ -128,6 +129,36 @@ impl DockerDriver {
         &self.address
     }
 
+    /// What the Docker driver supports.
+    pub fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities::default();
+        c.workspace_mount = true;
+        c.exec_user = true;
+        c.user_names = true;
+        c.memory_limit = true;
+        c.cpu_limit = true;
+        c.pids_limit = true;
+        c.network_none = true;
+        c.read_only_rootfs = true;
+        c.cap_drop = true;
+        c.no_new_privileges = true;
+        c.ttl = true;
+        c.files = true;
+        c.stdin_streaming = true;
+        c.attach = true;
+        c.system_trust_store = true;
+        c
+    }
+
+    /// Names the daemon address in errors that say it could not be reached.
+    fn locate(&self, e: Error) -> Error {
+        if e.kind() == ErrorKind::Unavailable {
+            e.with("address", &self.address)
+        } else {
+            e
+        }
+    }
+
     async fn ensure_image(&self, image: &str, policy: PullPolicy) -> Result<()> {
         let present = match self.docker.inspect_image(image).await {
             Ok(_) => true,
@@ -176,11 +207,11 @@ impl DockerDriver {
         }
     }
 
-    /// Everything after the container exists; on error the caller removes it.
-    async fn set_up(&self, id: &str, spec: &RunSpec) -> Result<()> {
-        if let Some(pem) = &spec.ca_bundle {
-            self.install_ca(id, spec, &ca::parse_certificates(pem)?)
-                .await?;
+    /// Everything after the container exists: the CA files, then the start. On error
+    /// core removes the container.
+    async fn set_up(&self, id: &str, plan: &Plan<'_>) -> Result<()> {
+        if let Some(pem) = &plan.ca_pem {
+            self.install_ca(id, plan.spec, pem).await?;
         }
         if let Err(e) = self
             .docker
@@ -199,62 +230,16 @@ impl DockerDriver {
                     .with_field("user")
                     .with("run", id)
                 } else {
-                    Error::new(ErrorKind::StartFailed, "the container did not start")
-                        .with("run", id)
-                        .with("log", self.log_tail(id).await)
-                        .with_source(e)
+                    let mut err = Error::new(ErrorKind::StartFailed, "the container did not start")
+                        .with("run", id);
+                    for (k, v) in self.diagnose(id).await {
+                        err = err.with(k, v);
+                    }
+                    err.with_source(e)
                 },
             );
         }
-        let run = DockerRun::new(self.docker.clone(), id.to_string(), self.address.clone());
-        self.check_alive(&run).await?;
-        runcell_core::run_post_create(&run, spec).await
-    }
-
-    /// A run is handed out only when its container runs and answers an exec (with the
-    /// run's own user and working directory): an image without `sleep` or `sh`, a `sleep`
-    /// that exits, or limits too small to start are a [`ErrorKind::StartFailed`] here, not
-    /// a dead run later.
-    async fn check_alive(&self, run: &DockerRun) -> Result<()> {
-        let probe = run
-            .exec(ExecSpec::new(["sh", "-c", ":"]).timeout(Duration::from_secs(30)))
-            .await;
-        let inspect = self
-            .docker
-            .inspect_container(
-                &run.id,
-                None::<bollard::query_parameters::InspectContainerOptions>,
-            )
-            .await
-            .map_err(|e| error::map("inspect container", e).with("run", &run.id))?;
-        let state = inspect.state.unwrap_or_default();
-        if state.running != Some(true) {
-            return Err(Error::new(
-                ErrorKind::StartFailed,
-                format!(
-                    "the keep-alive ({}) exited at once with code {}",
-                    KEEPALIVE.join(" "),
-                    state.exit_code.unwrap_or(-1)
-                ),
-            )
-            .with("run", &run.id)
-            .with("exit_code", state.exit_code.unwrap_or(-1))
-            .with("error", state.error.unwrap_or_default())
-            .with("log", self.log_tail(&run.id).await));
-        }
-        match probe {
-            Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => Err(Error::new(
-                ErrorKind::StartFailed,
-                format!(
-                    "the container runs but `sh -c :` {} (the library needs a POSIX sh in the image)",
-                    out.status
-                ),
-            )
-            .with("run", &run.id)
-            .with("stderr", out.stderr_str().trim())),
-            Err(e) => Err(e),
-        }
+        Ok(())
     }
 
     /// The last lines the container wrote, for errors (empty if none or unreadable).
@@ -327,69 +312,28 @@ impl DockerDriver {
 }
 
 #[async_trait]
-impl Driver for DockerDriver {
-    fn name(&self) -> &str {
-        "docker"
+impl Backend for DockerDriver {
+    const NAME: &'static str = "docker";
+
+    fn supports(&self) -> Capabilities {
+        self.capabilities()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let mut c = Capabilities::default();
-        c.workspace_mount = true;
-        c.exec_user = true;
-        c.user_names = true;
-        c.memory_limit = true;
-        c.cpu_limit = true;
-        c.pids_limit = true;
-        c.network_none = true;
-        c.read_only_rootfs = true;
-        c.cap_drop = true;
-        c.no_new_privileges = true;
-        c.ttl = true;
-        c.files = true;
-        c.stdin_streaming = true;
-        c.attach = true;
-        c.system_trust_store = true;
-        c
-    }
-
-    #[tracing::instrument(name = "run.create", level = "debug", skip_all, fields(driver = "docker", image = %spec.image, run = tracing::field::Empty), err(level = "debug"))]
-    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
-        runcell_core::prepare(spec, &self.capabilities())?;
+    async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
+        let spec = plan.spec;
         self.ensure_image(&spec.image, spec.pull).await?;
-        let id = runcell_core::new_run_id();
-        tracing::Span::current().record("run", &id);
-        let labels = labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels);
-        let body = container_body(spec, &labels);
-        let options = CreateContainerOptionsBuilder::default().name(&id).build();
-        // If the caller drops this future from here on, the guard removes the container.
-        let guard = {
-            let (docker, id) = (self.docker.clone(), id.clone());
-            CreateGuard::new(move || {
-                let (docker, id) = (docker.clone(), id.clone());
-                async move { remove_container(&docker, &id).await }
-            })
-        };
-        if let Err(e) = self.docker.create_container(Some(options), body).await {
-            guard.disarm();
-            return Err(error::map("create container", e).with("image", &spec.image));
-        }
-        if let Err(e) = self.set_up(&id, spec).await {
-            if let Err(cleanup) = self.remove(&id).await {
-                tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
-            }
-            guard.disarm();
-            return Err(e);
-        }
-        guard.disarm();
-        tracing::debug!(run = %id, image = %spec.image, "run started");
-        Ok(Box::new(DockerRun::new(
-            self.docker.clone(),
-            id,
-            self.address.clone(),
-        )))
+        let body = container_body(spec, &plan.labels);
+        let options = CreateContainerOptionsBuilder::default()
+            .name(&plan.id)
+            .build();
+        self.docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| error::map("create container", e).with("image", &spec.image))?;
+        self.set_up(&plan.id, plan).await
     }
 
-    async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
+    async fn attach_target(&self, id: &str) -> Result<()> {
         let inspect = self
             .docker
             .inspect_container(
@@ -413,14 +357,10 @@ impl Driver for DockerDriver {
                     .with("run", id),
             );
         }
-        Ok(Box::new(DockerRun::new(
-            self.docker.clone(),
-            id.to_string(),
-            self.address.clone(),
-        )))
+        Ok(())
     }
 
-    async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+    async fn list_targets(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
         let mut label_filters = vec![format!(
             "{}={}",
             labels::MANAGED_BY,
@@ -452,8 +392,54 @@ impl Driver for DockerDriver {
             .collect())
     }
 
-    async fn remove(&self, id: &str) -> Result<()> {
-        remove_container(&self.docker, id).await
+    async fn remove_target(&self, id: &str) -> Result<()> {
+        remove_container(&self.docker, id)
+            .await
+            .map_err(|e| self.locate(e))
+    }
+
+    async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
+        exec::start(&self.docker, id, exec)
+            .await
+            .map_err(|e| self.locate(e))
+    }
+
+    async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
+        put_archive(&self.docker, id, dir, tar)
+            .await
+            .map_err(|e| self.locate(e))
+    }
+
+    async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream> {
+        get_archive(&self.docker, id, path)
+            .await
+            .map_err(|e| self.locate(e))
+    }
+
+    async fn diagnose(&self, id: &str) -> Vec<(&'static str, String)> {
+        let mut found = Vec::new();
+        if let Ok(inspect) = self
+            .docker
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
+            let state = inspect.state.unwrap_or_default();
+            if state.running != Some(true) {
+                found.push(("keepalive", KEEPALIVE.join(" ")));
+                found.push(("exit_code", state.exit_code.unwrap_or(-1).to_string()));
+                if let Some(error) = state.error.filter(|e| !e.is_empty()) {
+                    found.push(("error", error));
+                }
+            }
+        }
+        let log = self.log_tail(id).await;
+        if !log.is_empty() {
+            found.push(("log", log));
+        }
+        found
     }
 }
 
@@ -537,68 +523,6 @@ async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<ByteStream
     };
     let rest = chunks.map_err(std::io::Error::other);
     Ok(futures::stream::iter(first.map(Ok)).chain(rest).boxed())
-}
-
-/// One run: a container entered by exec.
-#[derive(Debug)]
-pub struct DockerRun {
-    docker: Docker,
-    id: String,
-    address: String,
-}
-
-impl DockerRun {
-    fn new(docker: Docker, id: String, address: String) -> DockerRun {
-        DockerRun {
-            docker,
-            id,
-            address,
-        }
-    }
-
-    /// Names the daemon address in errors that say it could not be reached.
-    fn locate(&self, e: Error) -> Error {
-        if e.kind() == ErrorKind::Unavailable {
-            e.with("address", &self.address)
-        } else {
-            e
-        }
-    }
-}
-
-#[async_trait]
-impl Run for DockerRun {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    #[tracing::instrument(name = "run", level = "debug", skip_all, fields(run = %self.id))]
-    async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
-        exec::start(&self.docker, &self.id, spec)
-            .await
-            .map_err(|e| self.locate(e))
-    }
-
-    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
-        put_archive(&self.docker, &self.id, dir, tar)
-            .await
-            .map_err(|e| self.locate(e))
-    }
-
-    async fn get_archive(&self, path: &str) -> Result<ByteStream> {
-        get_archive(&self.docker, &self.id, path)
-            .await
-            .map_err(|e| self.locate(e))
-    }
-
-    #[tracing::instrument(name = "run.stop", level = "debug", skip_all, fields(run = %self.id), err(level = "debug"))]
-    async fn stop(&self) -> Result<()> {
-        remove_container(&self.docker, &self.id)
-            .await
-            .map_err(|e| self.locate(e))?;
-        tracing::debug!("run stopped");
-        Ok(())
-    }
 }
 
 #[cfg(test)]

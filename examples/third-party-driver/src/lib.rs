@@ -1,6 +1,10 @@
-//! An example third-party driver, in a crate of its own: `audit` wraps another driver
-//! (here the Docker driver) and counts the execs each run makes, logging the program
+//! An example third-party driver, in a crate of its own: `audit` wraps another backend
+//! (here the Docker driver's) and counts the execs each run makes, logging the program
 //! name only (never arguments, which may hold secrets).
+//!
+//! A driver implements [`Backend`] only: core turns it into a [`runcell_core::Driver`]
+//! and runs every shared step (validation, capabilities, labels, cleanup, liveness,
+//! post-create, the exec pump, timeouts and the kill) for it.
 //!
 //! It registers itself through the registry, so an engine finds it by name:
 //! `runcell_core::connect("audit", DriverConfig::from_env("audit"))`, and it passes the
@@ -8,15 +12,11 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-
-use runcell_core::{
-    ByteStream, Capabilities, Driver, DriverConfig, ExecSpec, ExecStream, Result, Run, RunInfo,
-    RunSpec,
-};
+use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
+use runcell_core::{ByteStream, Capabilities, Driver, DriverConfig, Result, RunInfo};
 use runcell_docker::{DockerConfig, DockerDriver};
 
 runcell_core::register_driver!(
@@ -25,16 +25,20 @@ runcell_core::register_driver!(
     AuditDriver::from_config
 );
 
-/// The driver: any inner driver, audited.
-#[derive(Debug)]
+/// The driver: the Docker backend, audited.
+#[derive(Debug, Clone)]
 pub struct AuditDriver {
-    inner: Arc<dyn Driver>,
+    inner: DockerDriver,
+    execs: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
 impl AuditDriver {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn Driver>) -> AuditDriver {
-        AuditDriver { inner }
+    pub fn new(inner: DockerDriver) -> AuditDriver {
+        AuditDriver {
+            inner,
+            execs: Arc::default(),
+        }
     }
 
     /// The registry constructor. Config key: `docker_host` (optional).
@@ -46,86 +50,71 @@ impl AuditDriver {
             docker_config = docker_config.host(host);
         }
         let docker = DockerDriver::connect(docker_config).await?;
-        Ok(Arc::new(AuditDriver::new(Arc::new(docker))))
+        Ok(Arc::new(AuditDriver::new(docker)))
+    }
+
+    /// How many execs run `id` has started (the library's own included).
+    pub fn exec_count(&self, id: &str) -> u64 {
+        let execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        execs.get(id).copied().unwrap_or(0)
     }
 }
 
 #[async_trait]
-impl Driver for AuditDriver {
-    fn name(&self) -> &str {
-        "audit"
+impl Backend for AuditDriver {
+    const NAME: &'static str = "audit";
+
+    fn supports(&self) -> Capabilities {
+        self.inner.supports()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
+        self.inner.create_target(plan).await
     }
 
-    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
-        let inner = self.inner.create(spec).await?;
-        Ok(Box::new(AuditRun {
-            inner,
-            execs: AtomicU64::new(0),
-        }))
+    async fn attach_target(&self, id: &str) -> Result<()> {
+        self.inner.attach_target(id).await
     }
 
-    async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
-        let inner = self.inner.attach(id).await?;
-        Ok(Box::new(AuditRun {
-            inner,
-            execs: AtomicU64::new(0),
-        }))
+    async fn list_targets(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+        self.inner.list_targets(selector).await
     }
 
-    async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
-        self.inner.list(selector).await
+    async fn remove_target(&self, id: &str) -> Result<()> {
+        let execs = self
+            .execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        tracing::info!(run = id, execs, "stop");
+        self.inner.remove_target(id).await
     }
 
-    async fn remove(&self, id: &str) -> Result<()> {
-        self.inner.remove(id).await
-    }
-}
-
-/// A run whose execs are counted.
-#[derive(Debug)]
-pub struct AuditRun {
-    inner: Box<dyn Run>,
-    execs: AtomicU64,
-}
-
-impl AuditRun {
-    /// How many execs this handle started.
-    pub fn exec_count(&self) -> u64 {
-        self.execs.load(Ordering::Relaxed)
-    }
-}
-
-#[async_trait]
-impl Run for AuditRun {
-    fn id(&self) -> &str {
-        self.inner.id()
-    }
-
-    async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
-        let n = self.execs.fetch_add(1, Ordering::Relaxed) + 1;
+    async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
+        let n = {
+            let mut execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+            let n = execs.entry(id.to_string()).or_default();
+            *n += 1;
+            *n
+        };
         tracing::info!(
-            run = self.id(),
+            run = id,
             n,
-            program = spec.argv.first().map(String::as_str),
+            program = exec.argv.first().map(String::as_str),
             "exec"
         );
-        self.inner.exec_stream(spec).await
+        self.inner.exec_raw(id, exec).await
     }
 
-    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
-        self.inner.put_archive(dir, tar).await
+    async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
+        self.inner.put_tar(id, dir, tar).await
     }
 
-    async fn get_archive(&self, path: &str) -> Result<ByteStream> {
-        self.inner.get_archive(path).await
+    async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream> {
+        self.inner.get_tar(id, path).await
     }
 
-    async fn stop(&self) -> Result<()> {
-        tracing::info!(run = self.id(), execs = self.exec_count(), "stop");
-        self.inner.stop().await
+    async fn diagnose(&self, id: &str) -> Vec<(&'static str, String)> {
+        self.inner.diagnose(id).await
     }
 }

@@ -1,0 +1,414 @@
+//! The driver kit: what an engine must supply, and nothing else.
+//!
+//! A driver implements [`Backend`]: create the target of an already validated [`Plan`],
+//! start one raw exec ([`RawExec`] in, [`RawProcess`] out), remove, list by label, check
+//! a target for attach, move tar streams. Every [`Backend`] is a [`Driver`] through a
+//! blanket implementation in which core runs every shared step once, for every driver:
+//!
+//! - create: spec validation and capability enforcement, the run id and labels (owner,
+//!   TTL, managed-by), the create guard (a dropped `create` future or a signal removes what
+//!   was made), removal on any error, the liveness check (the target runs and answers an
+//!   exec with the run's user and working directory, else [`ErrorKind::StartFailed`] with
+//!   what [`Backend::diagnose`] says), the post-create commands;
+//! - exec: validation and capability enforcement of every exec option, the exec marker
+//!   ([`EXEC_ID_ENV`]), the pump (bounded output, stdin feeding, timeout, cancellation on
+//!   drop, transport-loss mapping), and the kill ([`KILL_SCRIPT`] through one more raw
+//!   exec, never killed in turn, bounded);
+//! - files: path rules; stop: idempotent removal.
+//!
+//! A driver therefore cannot skip a rule of the contract: it never sees an unchecked spec
+//! and never hands a run out itself. See `examples/third-party-driver` for a complete one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::io::AsyncWrite;
+
+use crate::capabilities::Capabilities;
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::{EXEC_ID_ENV, ExecControl, ExecStream, ExitStatus, KILL_SCRIPT, OutputChunk};
+use crate::files::{self, ByteStream};
+use crate::guard::CreateGuard;
+use crate::labels::{self, Owner};
+use crate::run::{Driver, Run, RunExt, RunInfo};
+use crate::spec::{ExecSpec, RunSpec, Stdin};
+
+/// What a backend creates: a validated, capability-checked spec with its id and labels.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Plan<'a> {
+    /// The run id: the container's or pod's name.
+    pub id: String,
+    /// Every label the target must carry (the caller's and the library's), applied at
+    /// creation so that a target can never leak unlabelled.
+    pub labels: BTreeMap<String, String>,
+    /// The run's environment as the target must have it ([`RunSpec::run_env`]).
+    pub env: Vec<(String, String)>,
+    /// The CA certificates to install (normalized PEM), when the spec has a bundle.
+    pub ca_pem: Option<String>,
+    /// The spec, already validated and checked against the capabilities.
+    pub spec: &'a RunSpec,
+}
+
+/// One raw exec: what the backend starts in the target, as given.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RawExec {
+    /// Program and arguments, never through a shell.
+    pub argv: Vec<String>,
+    /// Extra environment, including [`EXEC_ID_ENV`] (the exec marker).
+    pub env: Vec<(String, String)>,
+    /// The working directory; `None`: the run's.
+    pub working_dir: Option<String>,
+    /// The user; `None`: the run's (only set where the capabilities allow it).
+    pub user: Option<String>,
+    /// What the command reads: core feeds [`RawProcess::stdin`] with it when the backend
+    /// returns a sink; a backend that cannot stream may deliver `Stdin::Bytes` itself.
+    pub stdin: Stdin,
+}
+
+/// A started raw exec.
+pub struct RawProcess {
+    /// stdout and stderr chunks until the process's streams close; an `Err` item means the
+    /// connection broke.
+    pub output: BoxStream<'static, std::io::Result<OutputChunk>>,
+    /// Where core writes stdin (then shuts it down for EOF); `None` when the backend
+    /// delivered stdin itself or none was asked for.
+    pub stdin: Option<Pin<Box<dyn AsyncWrite + Send>>>,
+    /// Reads the exit status once `output` has ended.
+    pub status: Box<dyn RawStatus>,
+}
+
+impl fmt::Debug for RawProcess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawProcess").finish_non_exhaustive()
+    }
+}
+
+/// The exit status of a raw exec. An error, or a status that never comes, is reported
+/// as [`ExitStatus::TransportLost`], never as success.
+#[async_trait]
+pub trait RawStatus: Send + Sync + 'static {
+    /// Called once, after the output stream ended.
+    async fn status(&self) -> Result<ExitStatus>;
+}
+
+/// What an engine supplies. Implement this; the [`Driver`] comes with it.
+///
+/// Cheap to clone (a client handle): each run keeps a clone. Method names differ from
+/// [`Driver`]'s so that both traits can be in scope.
+#[async_trait]
+pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
+    /// The registry name (`docker`, `k8s`, ...).
+    const NAME: &'static str;
+
+    /// What this backend supports; every spec field and exec option outside it is
+    /// refused as [`ErrorKind::Unsupported`] before the backend sees it.
+    fn supports(&self) -> Capabilities;
+
+    /// Creates the target of `plan` with the keep-alive as its only process, every label
+    /// of the plan, and the CA files in place; returns once it runs (or fails). Core
+    /// removes the target on any error after this is called, and on cancellation.
+    async fn create_target(&self, plan: &Plan<'_>) -> Result<()>;
+
+    /// Checks that `id` is a managed target that runs ([`ErrorKind::NotFound`] /
+    /// [`ErrorKind::RunLost`] otherwise).
+    async fn attach_target(&self, id: &str) -> Result<()>;
+
+    /// The managed targets whose labels include every pair of `selector`.
+    async fn list_targets(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>>;
+
+    /// Removes the target and everything created for it, at once; a target that does not
+    /// exist is success.
+    async fn remove_target(&self, id: &str) -> Result<()>;
+
+    /// Starts one exec in target `id`. A target that is gone is [`ErrorKind::RunLost`].
+    async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess>;
+
+    /// Extracts a tar stream into the existing directory `dir` of target `id`; never
+    /// replaces a directory with a non-directory or the reverse ([`ErrorKind::InvalidSpec`]
+    /// naming `path`).
+    async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()>;
+
+    /// A tar stream of `path` in target `id` ([`ErrorKind::NotFound`] if missing).
+    async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream>;
+
+    /// What the backend knows of a target that did not stay up: exit code, log tail.
+    async fn diagnose(&self, _id: &str) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+
+    /// Runs before the removal of a stop (e.g. copying a workspace back). Errors are
+    /// logged; the stop goes on.
+    async fn before_stop(&self, _id: &str) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How long core's liveness check may take.
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a kill exec may take before it is abandoned (the script ends within ~1.5 s).
+const KILL_EXEC_BOUND: Duration = Duration::from_secs(8);
+
+#[async_trait]
+impl<B: Backend> Driver for B {
+    fn name(&self) -> &str {
+        B::NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.supports()
+    }
+
+    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
+        spec.validate()?;
+        self.supports().check(spec)?;
+        let ca_pem = spec
+            .ca_bundle
+            .as_deref()
+            .map(crate::ca::parse_certificates)
+            .transpose()?;
+        let id = crate::new_run_id();
+        let span =
+            tracing::debug_span!("run.create", driver = B::NAME, run = %id, image = %spec.image);
+        let plan = Plan {
+            labels: labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels),
+            env: spec.run_env(),
+            ca_pem,
+            id,
+            spec,
+        };
+        tracing::Instrument::instrument(create_run(self, plan), span).await
+    }
+
+    async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
+        self.attach_target(id).await?;
+        Ok(Box::new(CoreRun {
+            backend: self.clone(),
+            id: id.to_string(),
+        }))
+    }
+
+    async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+        self.list_targets(selector).await
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        self.remove_target(id).await
+    }
+}
+
+/// The create sequence, once for every backend.
+async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn Run>> {
+    let id = plan.id.clone();
+    // From here on, a dropped future or a signal removes whatever the backend made.
+    let guard = {
+        let (backend, id) = (backend.clone(), id.clone());
+        CreateGuard::new(move || {
+            let (backend, id) = (backend.clone(), id.clone());
+            async move { backend.remove_target(&id).await }
+        })
+    };
+    let run = CoreRun {
+        backend: backend.clone(),
+        id: id.clone(),
+    };
+    let result = async {
+        backend.create_target(&plan).await?;
+        check_alive(&run).await?;
+        crate::run::run_post_create(&run, plan.spec).await
+    }
+    .await;
+    if let Err(e) = result {
+        if let Err(cleanup) = backend.remove_target(&id).await {
+            tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
+        }
+        guard.disarm();
+        return Err(e);
+    }
+    guard.disarm();
+    tracing::debug!(run = %id, "run started");
+    Ok(Box::new(run))
+}
+
+/// A run is handed out only when its target runs and answers an exec with the run's own
+/// user and working directory.
+async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
+    let probe = run
+        .exec(ExecSpec::new(["sh", "-c", ":"]).timeout(LIVENESS_TIMEOUT))
+        .await;
+    let failed = |message: String| Error::new(ErrorKind::StartFailed, message).with("run", &run.id);
+    match probe {
+        Ok(out) if out.status.success() => Ok(()),
+        // The exec could not start: the run's working directory or user is missing.
+        Err(e) if e.kind() == ErrorKind::NotFound && e.field().is_some() => Err(e),
+        Ok(out) => {
+            let mut e = failed(format!(
+                "the sandbox did not answer an exec (`sh -c :` {}; the library needs a POSIX sh and a keep-alive that stays up)",
+                out.status
+            ))
+            .with("stderr", out.stderr_str().trim());
+            for (k, v) in run.backend.diagnose(&run.id).await {
+                e = e.with(k, v);
+            }
+            Err(e)
+        }
+        Err(probe_error) => {
+            let mut e = failed(format!("the sandbox did not stay up: {probe_error}"));
+            for (k, v) in run.backend.diagnose(&run.id).await {
+                e = e.with(k, v);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The one [`Run`] of every driver: a backend and a target id.
+#[derive(Debug)]
+pub(crate) struct CoreRun<B: Backend> {
+    backend: B,
+    id: String,
+}
+
+#[async_trait]
+impl<B: Backend> Run for CoreRun<B> {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
+        spec.validate()?;
+        check_exec(&self.backend.supports(), &spec)?;
+        let span = tracing::debug_span!("run", run = %self.id);
+        let marker = format!("{:016x}", rand::random::<u64>());
+        let mut env = spec.env.clone();
+        env.push((EXEC_ID_ENV.to_string(), marker.clone()));
+        let raw = RawExec {
+            argv: spec.argv.clone(),
+            env,
+            working_dir: spec.working_dir.clone(),
+            user: spec.user.clone(),
+            stdin: spec.stdin.clone(),
+        };
+        let process =
+            tracing::Instrument::instrument(self.backend.exec_raw(&self.id, raw), span.clone())
+                .await
+                .map_err(|e| e.with("run", &self.id))?;
+        let control = Control {
+            backend: self.backend.clone(),
+            id: self.id.clone(),
+            marker,
+            user: spec.user.clone(),
+            env: spec.env.clone(),
+            status: process.status,
+        };
+        Ok(span.in_scope(|| {
+            ExecStream::spawn(&spec, process.output, process.stdin, Box::new(control))
+        }))
+    }
+
+    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
+        files::validate_dir_path(dir)?;
+        self.backend.put_tar(&self.id, dir, tar).await
+    }
+
+    async fn get_archive(&self, path: &str) -> Result<ByteStream> {
+        if !path.starts_with('/') || path.contains('\0') {
+            return Err(Error::invalid_spec(
+                "path",
+                format!("{path:?} must be an absolute path"),
+            ));
+        }
+        self.backend.get_tar(&self.id, path).await
+    }
+
+    async fn stop(&self) -> Result<()> {
+        if let Err(e) = self.backend.before_stop(&self.id).await
+            && e.kind() != ErrorKind::RunLost
+        {
+            tracing::warn!(run = %self.id, "before stop: {e}");
+        }
+        self.backend.remove_target(&self.id).await?;
+        tracing::debug!(run = %self.id, "run stopped");
+        Ok(())
+    }
+}
+
+/// Status and kill of one exec.
+struct Control<B: Backend> {
+    backend: B,
+    id: String,
+    marker: String,
+    /// The exec's user and env: the kill runs with them, so it may signal its processes.
+    user: Option<String>,
+    env: Vec<(String, String)>,
+    status: Box<dyn RawStatus>,
+}
+
+#[async_trait]
+impl<B: Backend> ExecControl for Control<B> {
+    async fn status(&self) -> Result<ExitStatus> {
+        self.status.status().await
+    }
+
+    /// One more raw exec of [`KILL_SCRIPT`]: not an [`ExecStream`], so nothing kills it in
+    /// turn, and bounded in time.
+    async fn kill(&self) -> Result<()> {
+        let mut env = self.env.clone();
+        env.push((EXEC_ID_ENV.to_string(), format!("{}-kill", self.marker)));
+        let raw = RawExec {
+            argv: ["sh", "-c", KILL_SCRIPT, "runcell-kill", &self.marker]
+                .map(String::from)
+                .to_vec(),
+            env,
+            working_dir: Some("/".into()),
+            user: self.user.clone(),
+            stdin: Stdin::Null,
+        };
+        let kill = async {
+            let mut process = self.backend.exec_raw(&self.id, raw).await?;
+            drop(process.stdin.take());
+            while let Some(chunk) = process.output.next().await {
+                chunk.map_err(|e| {
+                    Error::new(ErrorKind::Backend, "the kill exec broke").with_source(e)
+                })?;
+            }
+            process.status.status().await
+        };
+        let status = tokio::time::timeout(KILL_EXEC_BOUND, kill)
+            .await
+            .map_err(|_| {
+                Error::new(ErrorKind::Timeout, "the kill exec did not end").with("run", &self.id)
+            })??;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(
+                Error::new(ErrorKind::Backend, format!("the kill exec {status}"))
+                    .with("run", &self.id),
+            )
+        }
+    }
+}
+
+/// The exec options a backend may not support.
+fn check_exec(caps: &Capabilities, spec: &ExecSpec) -> Result<()> {
+    if spec.user.is_some() && !caps.exec_user {
+        return Err(Error::unsupported(
+            "user",
+            "this driver cannot switch user per exec",
+        ));
+    }
+    if matches!(spec.stdin, Stdin::Piped) && !caps.stdin_streaming {
+        return Err(Error::unsupported(
+            "stdin",
+            "this driver cannot stream stdin (use bytes)",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! Removing runs nobody can use any more: expired, orphaned by a dead owner, or dead.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::Result;
+use crate::labels::{self, Owner};
+use crate::run::Driver;
+
+/// Why [`reap`] removed a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReapReason {
+    /// Its expiry label has passed.
+    Expired,
+    /// It was created on this host by a process that no longer lives.
+    OwnerGone,
+    /// Its target is no longer running.
+    NotRunning,
+}
+
+/// Removes the managed runs matching `selector` (empty: all) that nobody can use any more:
+/// expired, owned by a dead process of this host, or no longer running. Returns what it
+/// removed and why. Runs of live owners and of other hosts are left alone until they expire.
+/// A run that cannot be removed is logged and skipped; reap fails only when it removed
+/// nothing and at least one removal failed.
+pub async fn reap(
+    driver: &dyn Driver,
+    selector: &BTreeMap<String, String>,
+) -> Result<Vec<(String, ReapReason)>> {
+    let mut selector = selector.clone();
+    selector.insert(
+        labels::MANAGED_BY.to_string(),
+        labels::MANAGED_BY_VALUE.to_string(),
+    );
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut reaped = Vec::new();
+    let mut first_error = None;
+    for run in driver.list(&selector).await? {
+        let expired = run
+            .labels
+            .get(labels::EXPIRES_AT)
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|at| at <= now);
+        let reason = if expired {
+            ReapReason::Expired
+        } else if Owner::from_labels(&run.labels).and_then(|o| o.is_alive()) == Some(false) {
+            ReapReason::OwnerGone
+        } else if !run.running {
+            ReapReason::NotRunning
+        } else {
+            continue;
+        };
+        // One failure must not keep the others alive: go on, report the first at the end.
+        match driver.remove(&run.id).await {
+            Ok(()) => {
+                tracing::info!(run = %run.id, ?reason, "reaped");
+                reaped.push((run.id, reason));
+            }
+            Err(e) => {
+                tracing::error!(run = %run.id, "could not reap: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if reaped.is_empty() => Err(e),
+        _ => Ok(reaped),
+    }
+}
