@@ -4,10 +4,21 @@
 //! URL (and so audit logs); the rest of stdin is the command's.
 //!
 //! The wrapper runs the command as its child and, when it exits, writes a trailer with
-//! the exit code to stderr (`\0\0sbx-exit:<exec id>:<code>\0`). The driver strips it and
+//! the exit code to stderr (`\0\0sbx-exit:<nonce>:<code>\0`). The driver strips it and
 //! reports the code at once: on containerd a background child that keeps stdout open
 //! would otherwise hold the exec open until it exits (kubernetes#92057). Output that
 //! follows the trailer is still read for [`AFTER_EXIT_BOUND`].
+//!
+//! The nonce is a fresh random value per exec that exists only in the header (a literal
+//! of the wrapper's script, read from stdin): it is in no environment, argv or URL, so the
+//! command cannot print a trailer of its own and forge its status. It is distinct from
+//! the exec's `SANDBOX_EXEC_ID`, which the command's processes carry so the kill finds
+//! them. The same channel tells the driver that the command never started because the
+//! working directory cannot be entered ([`ExitStatus::NotStarted`]).
+//!
+//! The driver's own execs (the kill, the CA setup, the create-time probe) are
+//! [`run_internal`]: bounded by a timeout, and their kill is a no-op, so that dropping or
+//! timing out one of them never starts another exec.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +29,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{AttachParams, AttachedProcess};
 use runcell_core::{
-    EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecSpec, ExecStream, ExitStatus, KILL_SCRIPT,
-    OutputChunk, Result, Stdin,
+    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecOutput, ExecSpec,
+    ExecStream, ExitStatus, KILL_SCRIPT, OutputChunk, Result, Stdin,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
@@ -46,14 +57,46 @@ fn is_shell_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// A fresh nonce for one exec's trailer: 128 random bits, hex.
+pub fn new_nonce() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// The `printf` of a trailer with this payload (the nonce is a literal of the script).
+fn trailer_printf(nonce: &str, payload: &str) -> String {
+    format!("printf '\\000\\000sbx-exit:{nonce}:{payload}\\000'")
+}
+
 /// The header script for one exec: its env, its working directory, then the command.
+///
+/// `marker` is the exec's `SANDBOX_EXEC_ID` (exported: the kill finds the command's
+/// processes by it); `nonce` authenticates the trailer and is never exported.
+///
+/// `run_env` is the run's environment (the container's): a shell drops the entries whose
+/// names are not shell identifiers from what it passes on, so those are given again
+/// (`env --`), before the exec's own (which win).
+///
+/// The command runs as `( exec "$@" )`, or through `env -- 'NAME=value'...` when a name
+/// is not a shell identifier: either way it is executed, never interpreted by the
+/// wrapper's shell (no builtins, no access to the wrapper's variables), and a name that
+/// looks like an option (`-i`) is an assignment.
 ///
 /// `framed_stdin`: for API servers that only speak `v4.channel.k8s.io`, where closing
 /// stdin closes the whole connection, stdin is never closed; instead the header gives the
 /// command `/dev/null` or exactly the `n` bytes that follow it (`head -c n`).
-pub fn header(spec: &ExecSpec, marker: &str, framed_stdin: bool) -> String {
+pub fn header(
+    spec: &ExecSpec,
+    marker: &str,
+    nonce: &str,
+    framed_stdin: bool,
+    run_env: &[(String, String)],
+) -> String {
     let mut script = String::new();
-    let mut odd_names = Vec::new();
+    let mut odd_names: Vec<String> = run_env
+        .iter()
+        .filter(|(name, _)| !is_shell_name(name))
+        .map(|(name, value)| sh_quote(&format!("{name}={value}")))
+        .collect();
     for (name, value) in spec.env.iter().chain(std::iter::once(&(
         EXEC_ID_ENV.to_string(),
         marker.to_string(),
@@ -65,15 +108,23 @@ pub fn header(spec: &ExecSpec, marker: &str, framed_stdin: bool) -> String {
         }
     }
     if let Some(dir) = &spec.working_dir {
+        let q = sh_quote(dir);
         script.push_str(&format!(
-            "cd -- {q} 2>/dev/null || {{ echo \"sandbox: cannot enter the working directory \"{q} >&2; exit 126; }}\n",
-            q = sh_quote(dir)
+            "cd -- {q} 2>/dev/null || {{ if [ -e {q} ]; then {denied}; else {missing}; fi >&2; exit 126; }}\n",
+            denied = trailer_printf(nonce, WORKDIR_DENIED),
+            missing = trailer_printf(nonce, WORKDIR_MISSING),
         ));
     }
     let command = if odd_names.is_empty() {
-        "\"$@\"".to_string()
+        "( exec \"$@\" )".to_string()
+    } else if spec.argv[0].contains('=') {
+        // `env` would take the program for one more assignment.
+        format!(
+            "env -- {} sh -c 'exec \"$@\"' sh \"$@\"",
+            odd_names.join(" ")
+        )
     } else {
-        format!("env {} \"$@\"", odd_names.join(" "))
+        format!("env -- {} \"$@\"", odd_names.join(" "))
     };
     match (&spec.stdin, framed_stdin) {
         (_, false) | (Stdin::Piped, true) => script.push_str(&format!("{command}\n")),
@@ -81,17 +132,65 @@ pub fn header(spec: &ExecSpec, marker: &str, framed_stdin: bool) -> String {
         (Stdin::Bytes(b), true) => script.push_str(&format!("head -c {} | {command}\n", b.len())),
     }
     script.push_str(&format!(
-        "rc=$?\nprintf '\\000\\000sbx-exit:{marker}:%d\\000' \"$rc\" >&2\nexit \"$rc\"\n"
+        "rc=$?\n{} \"$rc\" >&2\nexit \"$rc\"\n",
+        trailer_printf(nonce, "%d")
     ));
     format!("{}\n{script}", script.len())
 }
 
+/// Trailer payloads other than an exit code: the working directory does not exist, or
+/// exists but cannot be entered.
+const WORKDIR_MISSING: &str = "cwd-missing";
+const WORKDIR_DENIED: &str = "cwd-denied";
+
 /// Starts one exec in the pod `name`. `framed_stdin`: see [`header`].
+///
+/// `run_env`: the run's environment, see [`header`].
 pub async fn start(
     pods: &Api<Pod>,
     name: &str,
     spec: ExecSpec,
     framed_stdin: bool,
+    run_env: &[(String, String)],
+) -> Result<ExecStream> {
+    start_exec(pods, name, spec, framed_stdin, run_env, true).await
+}
+
+/// Runs one of the driver's own execs to its end, within `bound` (connecting included).
+/// Its kill is a no-op: it must end by itself, and timing it out or dropping it never
+/// starts another exec. A timeout is [`ExitStatus::TimedOut`].
+pub async fn run_internal(
+    pods: &Api<Pod>,
+    name: &str,
+    spec: ExecSpec,
+    framed_stdin: bool,
+    bound: Duration,
+) -> Result<ExecOutput> {
+    let deadline = tokio::time::Instant::now() + bound;
+    let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+    let spec = spec.timeout(bound);
+    let stream = tokio::time::timeout_at(
+        deadline,
+        start_exec(pods, name, spec, framed_stdin, &[], false),
+    )
+    .await
+    .map_err(|_| {
+        Error::new(
+            ErrorKind::Timeout,
+            format!("the driver's exec did not connect within {bound:?}"),
+        )
+        .with("run", name)
+    })??;
+    Ok(stream.collect(limit).await)
+}
+
+async fn start_exec(
+    pods: &Api<Pod>,
+    name: &str,
+    spec: ExecSpec,
+    framed_stdin: bool,
+    run_env: &[(String, String)],
+    killable: bool,
 ) -> Result<ExecStream> {
     spec.validate()?;
     if spec.user.is_some() {
@@ -107,6 +206,7 @@ pub async fn start(
         ));
     }
     let marker = format!("{:016x}", rand::random::<u64>());
+    let nonce = new_nonce();
     let mut argv: Vec<String> = ["sh", "-c", WRAPPER, "sandbox-exec"]
         .map(String::from)
         .to_vec();
@@ -134,7 +234,7 @@ pub async fn start(
     let stderr = process
         .stderr()
         .ok_or_else(|| Error::new(ErrorKind::Backend, "k8s: exec without stderr"))?;
-    let header = header(&spec, &marker, framed_stdin);
+    let header = header(&spec, &marker, &nonce, framed_stdin, run_env);
     // On v4, stdin must stay open until the exec is over: a task writes the header and
     // the bytes, then holds the writer until the exec's control is dropped.
     let (keep_open, mut keep_open_rx) = tokio::sync::oneshot::channel::<()>();
@@ -170,15 +270,17 @@ pub async fn start(
         ReaderStream::with_capacity(stderr, STREAM_BUF).map(|r| r.map(OutputChunk::Stderr)),
     )
     .boxed();
-    let exit_code = Arc::new(std::sync::Mutex::new(None));
-    let output = strip_trailer(output, Trailer::new(&marker), exit_code.clone());
+    let outcome = Arc::new(std::sync::Mutex::new(None));
+    let output = strip_trailer(output, Trailer::new(&nonce), outcome.clone());
     let status = process.take_status();
     let control = K8sExec {
         pods: pods.clone(),
         pod: name.to_string(),
         marker,
-        exit_code,
+        working_dir: spec.working_dir.clone(),
+        outcome,
         framed_stdin,
+        killable,
         _keep_stdin_open: keep_open,
         status: Mutex::new(status.map(|f| Box::pin(f) as StatusFuture)),
         process: Mutex::new(Some(process)),
@@ -217,9 +319,13 @@ struct K8sExec {
     pods: Api<Pod>,
     pod: String,
     marker: String,
-    /// The code from the wrapper's trailer, once seen.
-    exit_code: Arc<std::sync::Mutex<Option<i64>>>,
+    /// The exec's working directory, for the reason of a [`ExitStatus::NotStarted`].
+    working_dir: Option<String>,
+    /// What the wrapper's trailer said, once seen.
+    outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
     framed_stdin: bool,
+    /// False for the driver's own execs: their kill is a no-op (see [`run_internal`]).
+    killable: bool,
     /// Dropped with the control: releases a v4 stdin kept open.
     _keep_stdin_open: tokio::sync::oneshot::Sender<()>,
     status: Mutex<Option<StatusFuture>>,
@@ -230,14 +336,21 @@ struct K8sExec {
 /// How long to wait for the status frame after the output streams closed.
 const STATUS_WAIT: Duration = Duration::from_secs(10);
 
+/// The bound of the kill exec (its script ends by itself within ~1.5 s).
+pub const KILL_EXEC_BOUND: Duration = Duration::from_secs(5);
+
 #[async_trait]
 impl ExecControl for K8sExec {
     async fn status(&self) -> Result<ExitStatus> {
-        let trailer_code = *self.exit_code.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(code) = trailer_code {
+        let outcome = self
+            .outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(outcome) = outcome {
             // The command exited; the websocket may stay open for a background child.
             self.process.lock().await.take();
-            return Ok(ExitStatus::from_code(code));
+            return Ok(outcome.status(self.working_dir.as_deref()));
         }
         let Some(fut) = self.status.lock().await.take() else {
             return Ok(ExitStatus::TransportLost(
@@ -254,11 +367,21 @@ impl ExecControl for K8sExec {
     }
 
     async fn kill(&self) -> Result<()> {
+        if !self.killable {
+            return Ok(());
+        }
         let spec =
             ExecSpec::new(["sh", "-c", KILL_SCRIPT, "sandbox-kill", &self.marker]).working_dir("/");
-        let killer = Box::pin(start(&self.pods, &self.pod, spec, self.framed_stdin)).await?;
+        let killed = run_internal(
+            &self.pods,
+            &self.pod,
+            spec,
+            self.framed_stdin,
+            KILL_EXEC_BOUND,
+        )
+        .await;
         self.process.lock().await.take();
-        let status = killer.wait().await;
+        let status = killed?.status;
         if status.success() {
             Ok(())
         } else {
@@ -276,12 +399,12 @@ pub const AFTER_EXIT_BOUND: Duration = Duration::from_secs(2);
 
 type Output = futures::stream::BoxStream<'static, std::io::Result<OutputChunk>>;
 
-/// Forwards `output` with the trailer removed from stderr, records its exit code, and ends
+/// Forwards `output` with the trailer removed from stderr, records what it said, and ends
 /// at most [`AFTER_EXIT_BOUND`] after the trailer.
 fn strip_trailer(
     mut output: Output,
     mut trailer: Trailer,
-    exit_code: Arc<std::sync::Mutex<Option<i64>>>,
+    outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
 ) -> Output {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<OutputChunk>>(4);
     tokio::spawn(async move {
@@ -297,9 +420,9 @@ fn strip_trailer(
             let item = match next {
                 None => break,
                 Some(Ok(OutputChunk::Stderr(b))) => {
-                    let (forward, code) = trailer.scan(&b);
-                    if let Some(code) = code {
-                        *exit_code.lock().unwrap_or_else(|p| p.into_inner()) = Some(code);
+                    let (forward, found) = trailer.scan(&b);
+                    if let Some(found) = found {
+                        *outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
                         deadline = Some(tokio::time::Instant::now() + AFTER_EXIT_BOUND);
                     }
                     if forward.is_empty() {
@@ -325,7 +448,47 @@ fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<std::io::Result<OutputC
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
 }
 
-/// Finds and removes `\0\0sbx-exit:<marker>:<code>\0` in a byte stream split in chunks.
+/// What the wrapper reported in its trailer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The command ran and exited with this code.
+    Exited(i64),
+    /// The command did not start: the working directory does not exist.
+    WorkdirMissing,
+    /// The command did not start: the working directory exists but cannot be entered.
+    WorkdirDenied,
+}
+
+impl Outcome {
+    fn parse(payload: &[u8]) -> Option<Outcome> {
+        match payload {
+            p if p == WORKDIR_MISSING.as_bytes() => Some(Outcome::WorkdirMissing),
+            p if p == WORKDIR_DENIED.as_bytes() => Some(Outcome::WorkdirDenied),
+            p => std::str::from_utf8(p)
+                .ok()
+                .and_then(|d| d.parse().ok())
+                .map(Outcome::Exited),
+        }
+    }
+
+    /// The exec's status; `working_dir` names the directory in a not-started reason.
+    pub fn status(&self, working_dir: Option<&str>) -> ExitStatus {
+        let dir = working_dir.unwrap_or("(the working directory)");
+        match self {
+            Outcome::Exited(code) => ExitStatus::from_code(*code),
+            Outcome::WorkdirMissing => ExitStatus::NotStarted {
+                field: "working_dir".into(),
+                reason: format!("{dir}: no such directory in the run"),
+            },
+            Outcome::WorkdirDenied => ExitStatus::NotStarted {
+                field: "working_dir".into(),
+                reason: format!("{dir}: not a directory, or not accessible to the run's user"),
+            },
+        }
+    }
+}
+
+/// Finds and removes `\0\0sbx-exit:<nonce>:<payload>\0` in a byte stream split in chunks.
 #[derive(Debug)]
 pub struct Trailer {
     prefix: Vec<u8>,
@@ -333,37 +496,40 @@ pub struct Trailer {
     done: bool,
 }
 
+/// A payload longer than this is not a trailer.
+const MAX_PAYLOAD: usize = 32;
+
 impl Trailer {
-    /// A scanner for the trailer of the exec with this marker.
-    pub fn new(marker: &str) -> Trailer {
+    /// A scanner for the trailer of the exec with this nonce.
+    pub fn new(nonce: &str) -> Trailer {
         Trailer {
-            prefix: format!("\0\0sbx-exit:{marker}:").into_bytes(),
+            prefix: format!("\0\0sbx-exit:{nonce}:").into_bytes(),
             held: Vec::new(),
             done: false,
         }
     }
 
-    /// Takes the next chunk; returns the bytes to pass on and the code once complete.
-    pub fn scan(&mut self, chunk: &[u8]) -> (Vec<u8>, Option<i64>) {
+    /// Takes the next chunk; returns the bytes to pass on and the outcome once complete.
+    pub fn scan(&mut self, chunk: &[u8]) -> (Vec<u8>, Option<Outcome>) {
         if self.done {
             return (chunk.to_vec(), None);
         }
         let mut data = std::mem::take(&mut self.held);
         data.extend_from_slice(chunk);
         if let Some(start) = find(&data, &self.prefix) {
-            let digits_at = start + self.prefix.len();
-            let Some(end) = data[digits_at..].iter().position(|b| *b == 0) else {
-                self.held = data[start..].to_vec();
-                return (data[..start].to_vec(), None);
+            let payload_at = start + self.prefix.len();
+            let Some(end) = data[payload_at..].iter().position(|b| *b == 0) else {
+                if data.len() - payload_at <= MAX_PAYLOAD {
+                    self.held = data[start..].to_vec();
+                    return (data[..start].to_vec(), None);
+                }
+                return (data, None);
             };
-            let code = std::str::from_utf8(&data[digits_at..digits_at + end])
-                .ok()
-                .and_then(|d| d.parse().ok());
-            if code.is_some() {
+            if let Some(outcome) = Outcome::parse(&data[payload_at..payload_at + end]) {
                 self.done = true;
                 let mut forward = data[..start].to_vec();
-                forward.extend_from_slice(&data[digits_at + end + 1..]);
-                return (forward, code);
+                forward.extend_from_slice(&data[payload_at + end + 1..]);
+                return (forward, Some(outcome));
             }
             // Not a well-formed trailer: pass it on as output.
             return (data, None);
@@ -425,37 +591,426 @@ mod tests {
             .env("A", "it's $HOME")
             .env("my.var", "1")
             .working_dir("/tmp/a b");
-        let h = header(&spec, "m1", false);
+        let h = header(&spec, "m1", "n1", false, &[]);
         let (len, script) = h.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), script.len());
         insta::assert_snapshot!(script);
-        let framed = header(&spec.clone().stdin_bytes(&b"12345"[..]), "m1", true);
+        let framed = header(
+            &spec.clone().stdin_bytes(&b"12345"[..]),
+            "m1",
+            "n1",
+            true,
+            &[],
+        );
         assert!(
-            framed.contains("head -c 5 | env 'my.var=1' \"$@\"\n"),
+            framed.contains("head -c 5 | env -- 'my.var=1' \"$@\"\n"),
             "{framed}"
         );
-        assert!(header(&spec, "m1", true).contains("\"$@\" </dev/null\n"));
+        assert!(
+            header(&ExecSpec::new(["x"]), "m1", "n1", true, &[])
+                .contains("( exec \"$@\" ) </dev/null\n")
+        );
+    }
+
+    #[test]
+    fn the_nonce_is_only_in_the_trailer_commands_never_exported() {
+        let spec = ExecSpec::new(["x"]).env("A", "1").working_dir("/w");
+        let nonce = new_nonce();
+        assert_eq!(nonce.len(), 32);
+        assert_ne!(nonce, new_nonce());
+        let h = header(&spec, "marker1", &nonce, false, &[]);
+        for line in h.lines().filter(|l| l.contains(&nonce)) {
+            assert!(
+                line.contains(&format!("printf '\\000\\000sbx-exit:{nonce}:")),
+                "the nonce outside a trailer printf: {line}"
+            );
+            assert!(!line.contains("export"), "{line}");
+        }
+        assert!(h.contains("export SANDBOX_EXEC_ID='marker1'\n"));
     }
 
     #[test]
     fn the_trailer_is_found_across_chunks_and_removed() {
-        let whole = b"err1\0\0sbx-exit:m1:137\0late".to_vec();
+        let whole = b"err1\0\0sbx-exit:n1:137\0late".to_vec();
         for split in 0..whole.len() {
-            let mut t = Trailer::new("m1");
-            let (mut out, mut code) = t.scan(&whole[..split]);
-            let (more, c2) = t.scan(&whole[split..]);
+            let mut t = Trailer::new("n1");
+            let (mut out, mut found) = t.scan(&whole[..split]);
+            let (more, f2) = t.scan(&whole[split..]);
             out.extend(more);
-            code = code.or(c2);
+            found = found.or(f2);
             out.extend(t.flush());
-            assert_eq!(code, Some(137), "split at {split}");
+            assert_eq!(found, Some(Outcome::Exited(137)), "split at {split}");
             assert_eq!(out, b"err1late", "split at {split}");
         }
-        let mut t = Trailer::new("m1");
-        let (out, code) = t.scan(b"\0\0sbx-exit:other:1\0 and \0\0sbx");
-        assert_eq!(code, None);
+        let mut t = Trailer::new("n1");
+        let (out, found) = t.scan(b"\0\0sbx-exit:other:1\0 and \0\0sbx");
+        assert_eq!(found, None);
         let mut all = out;
         all.extend(t.flush());
         assert_eq!(all, b"\0\0sbx-exit:other:1\0 and \0\0sbx");
+        let (_, found) = Trailer::new("n1").scan(b"\0\0sbx-exit:n1:cwd-missing\0");
+        assert_eq!(found, Some(Outcome::WorkdirMissing));
+        assert_eq!(
+            Outcome::WorkdirDenied.status(Some("/w")),
+            ExitStatus::NotStarted {
+                field: "working_dir".into(),
+                reason: "/w: not a directory, or not accessible to the run's user".into()
+            }
+        );
+    }
+
+    /// A POSIX shell to run the wrapper with on this machine, as the pod would.
+    struct Shell {
+        name: &'static str,
+        program: std::path::PathBuf,
+        /// `PATH` for the wrapper (BusyBox: a directory of applet links only).
+        path: String,
+        _dir: Option<tempfile::TempDir>,
+    }
+
+    /// The system `sh` (dash on Debian) with its coreutils, and BusyBox alone when it is
+    /// installed (the suite's image is BusyBox).
+    fn shells() -> Vec<Shell> {
+        let mut shells = vec![Shell {
+            name: "sh",
+            program: "sh".into(),
+            path: std::env::var("PATH").unwrap_or_default(),
+            _dir: None,
+        }];
+        let busybox = std::env::var("PATH")
+            .unwrap_or_default()
+            .split(':')
+            .map(|d| std::path::Path::new(d).join("busybox"))
+            .find(|p| p.is_file());
+        if let Some(busybox) = busybox {
+            let dir = tempfile::tempdir().unwrap();
+            for applet in [
+                "sh", "env", "dd", "head", "cat", "printf", "sleep", "true", "test", "[",
+            ] {
+                std::os::unix::fs::symlink(&busybox, dir.path().join(applet)).unwrap();
+            }
+            shells.push(Shell {
+                name: "busybox",
+                program: dir.path().join("sh"),
+                path: dir.path().display().to_string(),
+                _dir: Some(dir),
+            });
+        } else {
+            eprintln!("busybox not installed: the wrapper is tested with sh only");
+        }
+        shells
+    }
+
+    struct Local {
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        outcome: Option<Outcome>,
+    }
+
+    impl Local {
+        fn status(&self, spec: &ExecSpec) -> ExitStatus {
+            self.outcome
+                .clone()
+                .expect("no trailer")
+                .status(spec.working_dir.as_deref())
+        }
+    }
+
+    /// The run's env in these tests: names a shell drops, and one it keeps.
+    const RUN_ENV: &[(&str, &str)] = &[("-u", "run-dash"), ("run.dot", "1"), ("RUNVAR", "r")];
+
+    /// Runs `sh -c WRAPPER sandbox-exec argv...` with the header (and the stdin bytes) on
+    /// stdin, strips the trailer from stderr as the driver does.
+    fn run_locally(shell: &Shell, spec: &ExecSpec, marker: &str, framed: bool) -> Local {
+        use std::io::Write;
+        let nonce = new_nonce();
+        // The container's env, as the wrapper receives it and the driver knows it.
+        let run_env: Vec<(String, String)> = RUN_ENV
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut input = header(spec, marker, &nonce, framed, &run_env).into_bytes();
+        if let Stdin::Bytes(b) = &spec.stdin {
+            input.extend_from_slice(b);
+        }
+        let mut child = std::process::Command::new(&shell.program)
+            .args(["-c", WRAPPER, "sandbox-exec"])
+            .args(&spec.argv)
+            .env("PATH", &shell.path)
+            .envs(RUN_ENV.iter().copied())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = stdin.write_all(&input);
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let mut trailer = Trailer::new(&nonce);
+        let (mut stderr, outcome) = trailer.scan(&out.stderr);
+        stderr.extend(trailer.flush());
+        Local {
+            stdout: out.stdout,
+            stderr,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_command_cannot_forge_its_exit_status() {
+        for shell in shells() {
+            for framed in [false, true] {
+                // What users reported: the trailer printed with the exec's id.
+                let forged = ExecSpec::new([
+                    "sh",
+                    "-c",
+                    r#"printf '\0\0sbx-exit:%s:0\0' "$SANDBOX_EXEC_ID" >&2; exit 3"#,
+                ]);
+                let out = run_locally(&shell, &forged, "marker1", framed);
+                assert_eq!(
+                    out.status(&forged),
+                    ExitStatus::Exited(3),
+                    "{} framed={framed}",
+                    shell.name
+                );
+                assert_eq!(out.stderr, b"\0\0sbx-exit:marker1:0\0", "{}", shell.name);
+                // Nothing the command can read holds the nonce: its env, the wrapper's
+                // argv and env; and `eval` is a program here, not the wrapper's builtin.
+                let nosy = ExecSpec::new([
+                    "sh",
+                    "-c",
+                    "env; tr '\\0' '\\n' </proc/$PPID/cmdline; tr '\\0' '\\n' </proc/$PPID/environ",
+                ]);
+                let nonce_free = run_locally(&shell, &nosy, "marker1", framed);
+                assert!(
+                    String::from_utf8_lossy(&nonce_free.stdout).contains("SANDBOX_EXEC_ID=marker1"),
+                    "{}",
+                    shell.name
+                );
+                let eval = ExecSpec::new(["eval", "echo leaked; exit 0"]);
+                let out = run_locally(&shell, &eval, "marker1", framed);
+                assert_eq!(out.status(&eval), ExitStatus::Exited(127), "{}", shell.name);
+                assert!(out.stdout.is_empty(), "{}", shell.name);
+            }
+        }
+    }
+
+    #[test]
+    fn env_names_that_look_like_options_reach_the_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let odd_program = dir.path().join("x=y");
+        std::fs::write(&odd_program, "#!/bin/sh\necho ran \"$@\"\n").unwrap();
+        std::fs::set_permissions(
+            &odd_program,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        for shell in shells() {
+            for framed in [false, true] {
+                let spec = ExecSpec::new(["env"])
+                    .env("-i", "1")
+                    .env("--", "2")
+                    .env("-", "3")
+                    .env("my.var", "it's 4")
+                    .env("-u", "5")
+                    .env("PLAIN", "6")
+                    .env("WITH SPACE", "7");
+                let out = run_locally(&shell, &spec, "m", framed);
+                assert_eq!(out.status(&spec), ExitStatus::Exited(0), "{}", shell.name);
+                let env = String::from_utf8_lossy(&out.stdout);
+                // The exec's `-u` wins over the run's; the run's other names get through.
+                assert!(!env.lines().any(|l| l == "-u=run-dash"), "{env}");
+                for line in [
+                    "-i=1",
+                    "--=2",
+                    "-=3",
+                    "my.var=it's 4",
+                    "-u=5",
+                    "PLAIN=6",
+                    "WITH SPACE=7",
+                    "SANDBOX_EXEC_ID=m",
+                    "run.dot=1",
+                    "RUNVAR=r",
+                ] {
+                    assert!(
+                        env.lines().any(|l| l == line),
+                        "{} framed={framed}: {line} missing in {env}",
+                        shell.name
+                    );
+                }
+                // A program whose name has '=' is still the program, with odd names.
+                let spec = ExecSpec::new([odd_program.to_str().unwrap(), "a"]).env("-i", "1");
+                let out = run_locally(&shell, &spec, "m", framed);
+                assert_eq!(out.stdout, b"ran a\n", "{}", shell.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_working_dir_that_cannot_be_entered_is_not_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        for shell in shells() {
+            for framed in [false, true] {
+                let missing = ExecSpec::new(["true"]).working_dir("/no/such/dir");
+                let out = run_locally(&shell, &missing, "m", framed);
+                assert!(
+                    matches!(out.status(&missing), ExitStatus::NotStarted { ref field, ref reason }
+                        if field == "working_dir" && reason.contains("/no/such/dir")),
+                    "{}: {:?}",
+                    shell.name,
+                    out.status(&missing)
+                );
+                let not_dir = ExecSpec::new(["true"]).working_dir(file.to_str().unwrap());
+                let out = run_locally(&shell, &not_dir, "m", framed);
+                assert!(
+                    matches!(out.status(&not_dir), ExitStatus::NotStarted { ref field, .. } if field == "working_dir"),
+                    "{}",
+                    shell.name
+                );
+                let fine = ExecSpec::new(["sh", "-c", "pwd"]).working_dir("/");
+                let out = run_locally(&shell, &fine, "m", framed);
+                assert_eq!(
+                    (out.status(&fine), out.stdout),
+                    (ExitStatus::Exited(0), b"/\n".to_vec())
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn missing_and_non_executable_programs_exit_127_and_126_on_stderr() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_executable = dir.path().join("plain");
+        std::fs::write(&not_executable, "echo hi\n").unwrap();
+        for shell in shells() {
+            for framed in [false, true] {
+                for env in [None, Some(("-odd", "1"))] {
+                    let with_env = |mut spec: ExecSpec| {
+                        if let Some((k, v)) = env {
+                            spec = spec.env(k, v);
+                        }
+                        spec.stdin_bytes(&b"in"[..])
+                    };
+                    let missing = with_env(ExecSpec::new(["no-such-binary-xyz"]));
+                    let out = run_locally(&shell, &missing, "m", framed);
+                    assert_eq!(
+                        out.status(&missing),
+                        ExitStatus::Exited(127),
+                        "{}",
+                        shell.name
+                    );
+                    assert!(out.stdout.is_empty(), "{}", shell.name);
+                    assert!(!out.stderr.is_empty(), "{}: no message", shell.name);
+                    let plain = with_env(ExecSpec::new([not_executable.to_str().unwrap()]));
+                    let out = run_locally(&shell, &plain, "m", framed);
+                    assert_eq!(
+                        out.status(&plain),
+                        ExitStatus::Exited(126),
+                        "{}",
+                        shell.name
+                    );
+                    assert!(out.stdout.is_empty(), "{}", shell.name);
+                    assert!(!out.stderr.is_empty(), "{}: no message", shell.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stdin_reaches_the_command_exactly_on_both_paths() {
+        for shell in shells() {
+            for framed in [false, true] {
+                let spec = ExecSpec::new(["cat"]).stdin_bytes(&b"12\n\x0045"[..]);
+                let out = run_locally(&shell, &spec, "m", framed);
+                assert_eq!(out.stdout, b"12\n\x0045", "{} framed={framed}", shell.name);
+                assert_eq!(out.status(&spec), ExitStatus::Exited(0));
+            }
+        }
+    }
+
+    /// A client whose every request is counted and answered `500`, or never when `hang`.
+    fn counting_client(hang: bool) -> (Api<Pod>, Arc<std::sync::atomic::AtomicUsize>) {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = count.clone();
+        let service = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(500)
+                        .body(kube::client::Body::empty())
+                        .unwrap(),
+                )
+            }
+        });
+        let client = kube::Client::new(service, "default");
+        (Api::namespaced(client, "default"), count)
+    }
+
+    fn control(pods: Api<Pod>, killable: bool) -> K8sExec {
+        K8sExec {
+            pods,
+            pod: "sbx-1".into(),
+            marker: "m".into(),
+            working_dir: None,
+            outcome: Arc::new(std::sync::Mutex::new(None)),
+            framed_stdin: false,
+            killable,
+            _keep_stdin_open: tokio::sync::oneshot::channel().0,
+            status: Mutex::new(None),
+            process: Mutex::new(None),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn internal_execs_never_start_another_exec_when_killed() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (pods, count) = counting_client(false);
+        control(pods.clone(), false).kill().await.unwrap();
+        assert_eq!(count.load(SeqCst), 0);
+        // Timed out, or dropped: the pump kills, which must not start an exec.
+        let spec = ExecSpec::new(["x"]).timeout(Duration::from_secs(1));
+        let stream = ExecStream::spawn(
+            &spec,
+            futures::stream::pending().boxed(),
+            None,
+            Box::new(control(pods.clone(), false)),
+        );
+        assert_eq!(stream.wait().await, ExitStatus::TimedOut);
+        let stream = ExecStream::spawn(
+            &spec,
+            futures::stream::pending().boxed(),
+            None,
+            Box::new(control(pods.clone(), false)),
+        );
+        drop(stream);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(count.load(SeqCst), 0);
+        // A command's exec is killed by one kill exec (refused here).
+        assert!(control(pods, true).kill().await.is_err());
+        assert_eq!(count.load(SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_kill_exec_is_bounded_and_not_killed_in_turn() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (pods, count) = counting_client(true);
+        let started = tokio::time::Instant::now();
+        let e = control(pods, true).kill().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout);
+        assert!(started.elapsed() <= KILL_EXEC_BOUND + Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(
+            count.load(SeqCst),
+            1,
+            "the kill exec was killed by another exec"
+        );
     }
 
     #[test]

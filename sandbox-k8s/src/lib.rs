@@ -96,6 +96,8 @@ impl std::fmt::Debug for K8sDriver {
 }
 
 const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The bound of the CA setup exec.
+const CA_SETUP_BOUND: Duration = Duration::from_secs(60);
 
 impl K8sDriver {
     /// Connects with the inferred kubeconfig and checks that the API server answers.
@@ -214,12 +216,20 @@ impl K8sDriver {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    fn run(&self, id: &str, host_dir: Option<PathBuf>, spec_workspace: String) -> K8sRun {
+    /// A handle on the run `id`; `env` is its container's env (see [`K8sRun`]).
+    fn run(
+        &self,
+        id: &str,
+        host_dir: Option<PathBuf>,
+        spec_workspace: String,
+        env: Vec<(String, String)>,
+    ) -> K8sRun {
         K8sRun {
             driver: self.clone(),
             id: id.to_string(),
             host_dir,
             workspace: spec_workspace,
+            env,
         }
     }
 
@@ -336,11 +346,13 @@ impl K8sDriver {
             id,
             spec.workspace.host_dir.clone(),
             spec.workspace.path.clone(),
+            spec.run_env(),
         );
         if spec.ca_bundle.is_some() {
-            let out = run
-                .exec(ExecSpec::new(["sh", "-c", CA_SETUP]).working_dir("/"))
-                .await?;
+            let setup = ExecSpec::new(["sh", "-c", CA_SETUP]).working_dir("/");
+            let out =
+                exec::run_internal(&self.pods(), id, setup, self.framed_stdin, CA_SETUP_BOUND)
+                    .await?;
             if !out.status.success() {
                 return Err(Error::new(
                     ErrorKind::Backend,
@@ -532,6 +544,7 @@ impl Driver for K8sDriver {
             &id,
             spec.workspace.host_dir.clone(),
             spec.workspace.path.clone(),
+            spec.run_env(),
         )))
     }
 
@@ -571,7 +584,15 @@ impl Driver for K8sDriver {
             .as_ref()
             .and_then(|a| a.get(pod::HOST_DIR_ANNOTATION))
             .map(PathBuf::from);
-        Ok(Box::new(self.run(id, host_dir, workspace)))
+        let env = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .filter(|c| c.name == CONTAINER)
+            .flat_map(|c| c.env.iter().flatten())
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect();
+        Ok(Box::new(self.run(id, host_dir, workspace, env)))
     }
 
     async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
@@ -620,12 +641,28 @@ impl Driver for K8sDriver {
 }
 
 /// One run: a pod entered by exec.
-#[derive(Debug)]
 pub struct K8sRun {
     driver: K8sDriver,
     id: String,
     host_dir: Option<PathBuf>,
     workspace: String,
+    /// The run's env as in the pod spec: the exec wrapper's shell drops the names that
+    /// are not shell identifiers (`-u`, `my.var`), so each exec passes those again.
+    env: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for K8sRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Env names only: values may be secrets.
+        let names: Vec<&str> = self.env.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("K8sRun")
+            .field("id", &self.id)
+            .field("driver", &self.driver)
+            .field("host_dir", &self.host_dir)
+            .field("workspace", &self.workspace)
+            .field("env", &names)
+            .finish()
+    }
 }
 
 impl K8sRun {
@@ -703,6 +740,7 @@ impl Run for K8sRun {
             &self.id,
             spec,
             self.driver.framed_stdin,
+            &self.env,
         )
         .await
     }
