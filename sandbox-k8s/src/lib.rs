@@ -26,6 +26,18 @@
 //! `K8S_OPENAPI_ENABLED_VERSION=1.36` instead. Any version k8s-openapi 0.29 supports
 //! works; exec stdin EOF needs API servers 1.30+ at run time, older ones get the v4 path
 //! (see [`K8sConfig::exec_v4_compatible`]).
+//!
+//! # Starting a run
+//!
+//! `create` succeeds only when the pod runs AND answers an exec, entered in the run's
+//! working directory as the run's user. Otherwise it fails at once with a typed error,
+//! and removes the pod and its CA Secret: an image that cannot be used is
+//! [`ErrorKind::NotFound`] (pull problems) or [`ErrorKind::InvalidSpec`] (an invalid
+//! reference) naming the field `image` and the container's waiting reason; a keep-alive
+//! that exits at once (no `sleep` in the image, a `sleep` without `infinity`) or a pod
+//! that does not answer `sh -c :` is [`ErrorKind::StartFailed`] with the exit code and
+//! log tail (context `exit_code`, `log`); a working directory that cannot be entered is
+//! [`ErrorKind::NotFound`] naming the field `working_dir`.
 #![forbid(unsafe_code)]
 
 mod error;
@@ -96,6 +108,10 @@ impl std::fmt::Debug for K8sDriver {
 }
 
 const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The bound of the create-time probe exec.
+const PROBE_BOUND: Duration = Duration::from_secs(30);
+/// How long the pod's status may lag a failed probe before the probe's own error is used.
+const STATUS_SETTLE: Duration = Duration::from_secs(3);
 /// The bound of the CA setup exec.
 const CA_SETUP_BOUND: Duration = Duration::from_secs(60);
 
@@ -233,8 +249,10 @@ impl K8sDriver {
         }
     }
 
-    /// Waits (watch, not poll) until the pod runs, or fails with what its status and events say.
-    async fn wait_ready(&self, id: &str, image: &str) -> Result<()> {
+    /// Waits (watch, not poll) until the pod runs, or fails with what its status and events
+    /// say as soon as they say it cannot (an image that cannot be used, a keep-alive that
+    /// exited).
+    async fn wait_ready(&self, id: &str, image: &str, working_dir: &str) -> Result<()> {
         let timeout = self.config.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT);
         let cond =
             |pod: Option<&Pod>| pod.is_none_or(|p| !matches!(readiness(p), Readiness::Pending));
@@ -269,34 +287,97 @@ impl K8sDriver {
                     .with("run", id),
             );
         };
-        match readiness(&pod) {
-            Readiness::Ready | Readiness::Pending => Ok(()),
-            Readiness::ImageError(msg) => Err(Error::new(
-                ErrorKind::NotFound,
-                format!(
-                    "image {image} cannot be pulled: {msg}{}",
-                    self.events(id).await
-                ),
-            )
-            .with("image", image)
-            .with("run", id)),
-            Readiness::Failed(msg) => Err(Error::new(
-                ErrorKind::Backend,
-                format!("the pod failed to start: {msg}{}", self.events(id).await),
-            )
-            .with("run", id)),
+        match start_error(&readiness(&pod), image, working_dir) {
+            None => Ok(()),
+            Some(e) => Err(self.with_events(e, id).await),
         }
     }
 
-    /// The pod's last events, as a suffix for error messages.
+    /// Proves that the pod runs AND answers an exec, entered in the run's working directory
+    /// as the run's user, while watching the pod: a keep-alive that exits at once (before or
+    /// during the probe) fails here with its exit code and log tail, not at the first exec.
+    async fn probe(&self, id: &str, spec: &RunSpec) -> Result<()> {
+        let probe = ExecSpec::new(["sh", "-c", ":"]).working_dir(spec.effective_working_dir());
+        let pods = self.pods();
+        let exec = exec::run_internal(&pods, id, probe, self.framed_stdin, PROBE_BOUND);
+        let stopped = kube::runtime::wait::await_condition(self.pods(), id, |p: Option<&Pod>| {
+            p.is_none_or(|p| !matches!(readiness(p), Readiness::Ready))
+        });
+        let failure = tokio::select! {
+            out = exec => match out {
+                Ok(out) if out.status.success() => return Ok(()),
+                Ok(out) => {
+                    if let Some(e) = out.status.not_started_error() {
+                        return Err(e.with("run", id));
+                    }
+                    Error::new(
+                        ErrorKind::StartFailed,
+                        format!(
+                            "the pod runs but `sh -c :` {} (the library needs a POSIX sh in the image): {}",
+                            out.status,
+                            out.stderr_str().trim()
+                        ),
+                    )
+                    .with("run", id)
+                }
+                Err(e) => e,
+            },
+            Ok(Some(pod)) = stopped => {
+                let why = start_error(&readiness(&pod), &spec.image, spec.effective_working_dir()).unwrap_or_else(|| {
+                    Error::new(ErrorKind::StartFailed, "the pod stopped running while starting")
+                        .with("run", id)
+                });
+                return Err(self.with_events(why, id).await);
+            }
+        };
+        // The exec failed: if the pod's status says why (the keep-alive exited), that is
+        // the error; it may lag the exec by a moment.
+        let settled = tokio::time::timeout(
+            STATUS_SETTLE,
+            kube::runtime::wait::await_condition(self.pods(), id, |p: Option<&Pod>| {
+                p.is_none_or(|p| !matches!(readiness(p), Readiness::Ready))
+            }),
+        )
+        .await;
+        let why = match settled {
+            Ok(Ok(Some(pod))) => {
+                start_error(&readiness(&pod), &spec.image, spec.effective_working_dir())
+            }
+            Ok(Ok(None)) => Some(
+                Error::new(ErrorKind::RunLost, "the pod was deleted while starting")
+                    .with("run", id),
+            ),
+            _ => None,
+        };
+        Err(self.with_events(why.unwrap_or(failure), id).await)
+    }
+
+    /// Adds the pod's last events to an error's message, and the run id.
+    async fn with_events(&self, e: Error, id: &str) -> Error {
+        let events = self.events(id).await;
+        let mut out = Error::new(e.kind(), format!("{}{events}", e.message()));
+        if let Some(field) = e.field() {
+            out = out.with_field(field);
+        }
+        for (k, v) in e.context() {
+            out = out.with(k, v);
+        }
+        if e.context_value("run").is_none() {
+            out = out.with("run", id);
+        }
+        out
+    }
+
+    /// The pod's last warning events, as a suffix for error messages.
     async fn events(&self, id: &str) -> String {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
         let params = ListParams::default().fields(&format!("involvedObject.name={id}"));
         match events.list(&params).await {
-            Ok(list) if !list.items.is_empty() => {
+            Ok(list) if list.items.iter().any(is_warning) => {
                 let lines: Vec<String> = list
                     .items
                     .iter()
+                    .filter(|e| is_warning(e))
                     .rev()
                     .take(5)
                     .map(|e| {
@@ -341,7 +422,9 @@ impl K8sDriver {
             // At once, so that the window in which a crash could orphan it is tiny.
             self.adopt_secret(id, pod_uid).await?;
         }
-        self.wait_ready(id, &spec.image).await?;
+        self.wait_ready(id, &spec.image, spec.effective_working_dir())
+            .await?;
+        self.probe(id, spec).await?;
         let run = self.run(
             id,
             spec.workspace.host_dir.clone(),
@@ -370,6 +453,10 @@ impl K8sDriver {
     }
 }
 
+fn is_warning(e: &Event) -> bool {
+    e.type_.as_deref() == Some("Warning")
+}
+
 /// Builds the CA files from the mounted Secret: the CA alone, the full bundle (system
 /// roots first) and, where the image's system bundle is writable, the system bundle too.
 const CA_SETUP: &str = r#"
@@ -387,11 +474,60 @@ if [ -n "$sys" ] && (cat /etc/sandbox/ca-bundle.pem > "$sys") 2>/dev/null; then
 fi
 "#;
 
+/// Where a starting pod stands.
+#[derive(Debug, Clone, PartialEq)]
 enum Readiness {
+    /// The pod runs and its container runs.
     Ready,
+    /// Not yet (scheduling, creating the container, pulling).
     Pending,
-    ImageError(String),
+    /// The container waits for a reason that does not resolve by itself (an image that
+    /// cannot be used, a configuration the runtime rejects).
+    Stuck { reason: String, message: String },
+    /// The container (the keep-alive) ended or could not start.
+    Exited {
+        code: i32,
+        reason: String,
+        /// The termination message: with `FallbackToLogsOnError`, the log tail.
+        message: String,
+    },
+    /// The pod ended or is being deleted.
     Failed(String),
+}
+
+/// Waiting reasons of a container that mean its image cannot be used (kubelet's
+/// `images` package and `kuberuntime`).
+const IMAGE_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "ImageInspectError",
+    "RegistryUnavailable",
+    "SignatureValidationFailed",
+];
+
+/// Waiting reasons of a container that the runtime will not get past by retrying.
+const STUCK_REASONS: &[&str] = &[
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "PreStartHookError",
+];
+
+impl Readiness {
+    /// What the runtime said about a container it could not create or start.
+    fn runtime_message(&self) -> Option<&str> {
+        match self {
+            Readiness::Stuck { reason, message } if STUCK_REASONS.contains(&reason.as_str()) => {
+                Some(message)
+            }
+            Readiness::Exited {
+                reason, message, ..
+            } if reason == "StartError" || reason == "ContainerCannotRun" => Some(message),
+            _ => None,
+        }
+    }
 }
 
 fn readiness(pod: &Pod) -> Readiness {
@@ -401,48 +537,135 @@ fn readiness(pod: &Pod) -> Readiness {
     if pod.metadata.deletion_timestamp.is_some() {
         return Readiness::Failed("the pod is being deleted".into());
     }
+    let container = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == CONTAINER);
+    let state = container.and_then(|c| c.state.as_ref());
+    if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+        return Readiness::Exited {
+            code: t.exit_code,
+            reason: t.reason.clone().unwrap_or_default(),
+            message: t.message.clone().unwrap_or_default(),
+        };
+    }
+    if let Some(w) = state.and_then(|s| s.waiting.as_ref()) {
+        let reason = w.reason.as_deref().unwrap_or("");
+        if IMAGE_REASONS.contains(&reason) || STUCK_REASONS.contains(&reason) {
+            return Readiness::Stuck {
+                reason: reason.into(),
+                message: w.message.clone().unwrap_or_default(),
+            };
+        }
+    }
     match status.phase.as_deref() {
-        Some("Failed") | Some("Succeeded") => {
-            return Readiness::Failed(format!(
-                "phase {}: {} {}",
-                status.phase.as_deref().unwrap_or(""),
-                status.reason.as_deref().unwrap_or(""),
-                status.message.as_deref().unwrap_or("")
-            ));
-        }
-        Some("Running") => {
-            let running = status.container_statuses.iter().flatten().any(|c| {
-                c.name == CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some())
-            });
-            if running {
-                return Readiness::Ready;
-            }
-        }
-        _ => {}
+        Some("Failed") | Some("Succeeded") => Readiness::Failed(format!(
+            "phase {}: {} {}",
+            status.phase.as_deref().unwrap_or(""),
+            status.reason.as_deref().unwrap_or(""),
+            status.message.as_deref().unwrap_or("")
+        )),
+        Some("Running") if state.is_some_and(|s| s.running.is_some()) => Readiness::Ready,
+        _ => Readiness::Pending,
     }
-    for c in status.container_statuses.iter().flatten() {
-        if let Some(waiting) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
-            let reason = waiting.reason.as_deref().unwrap_or("");
-            let msg = format!("{reason}: {}", waiting.message.as_deref().unwrap_or(""));
-            match reason {
-                "ErrImagePull" | "ImagePullBackOff" | "ErrImageNeverPull" | "InvalidImageName" => {
-                    return Readiness::ImageError(msg);
-                }
-                "CreateContainerConfigError" | "CreateContainerError" | "RunContainerError" => {
-                    return Readiness::Failed(msg);
-                }
-                _ => {}
-            }
-        }
-        if let Some(t) = c.state.as_ref().and_then(|s| s.terminated.as_ref()) {
-            return Readiness::Failed(format!(
-                "the container exited ({}): {}",
-                t.exit_code,
-                t.reason.as_deref().unwrap_or("")
-            ));
-        }
+}
+
+/// The typed error of a pod that will not run, `None` while it runs or may still run.
+///
+/// `working_dir` is the container's: a runtime that cannot create or enter it fails the
+/// start with a message naming it (runc: `chdir to cwd ("/x") set in config.json failed`,
+/// Docker: `Cannot mkdir: /x is not a directory`).
+fn start_error(readiness: &Readiness, image: &str, working_dir: &str) -> Option<Error> {
+    if let Some(message) = readiness.runtime_message()
+        && (message.contains("chdir to cwd")
+            || (working_dir != "/"
+                && message.contains(working_dir)
+                && (message.contains("mkdir") || message.contains("chdir"))))
+    {
+        return Some(
+            Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "the run's working directory {working_dir} cannot be entered: {}",
+                    message.trim()
+                ),
+            )
+            .with_field("working_dir")
+            .with("working_dir", working_dir),
+        );
     }
-    Readiness::Pending
+    Some(match readiness {
+        Readiness::Ready | Readiness::Pending => return None,
+        Readiness::Stuck { reason, message } if reason == "InvalidImageName" => {
+            Error::invalid_spec(
+                "image",
+                format!("image {image} is not a valid reference: {reason}: {message}"),
+            )
+            .with("image", image)
+            .with("reason", reason)
+        }
+        Readiness::Stuck { reason, message } if IMAGE_REASONS.contains(&reason.as_str()) => {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("image {image} cannot be pulled: {reason}: {message}"),
+            )
+            .with_field("image")
+            .with("image", image)
+            .with("reason", reason)
+        }
+        Readiness::Stuck { reason, message } => Error::new(
+            ErrorKind::StartFailed,
+            format!("the container cannot be created: {reason}: {message}"),
+        )
+        .with("image", image)
+        .with("reason", reason),
+        Readiness::Exited {
+            code,
+            reason,
+            message,
+        } => {
+            let tail = message.trim();
+            // runc: `exec: "sleep": executable file not found in $PATH` (StartError);
+            // behind an init such as tini: `exec sleep failed: No such file or directory`.
+            let lower = tail.to_ascii_lowercase();
+            let missing_sleep = lower.contains("executable file not found")
+                || (lower.contains("sleep") && lower.contains("no such file or directory"));
+            let mut e = Error::new(
+                ErrorKind::StartFailed,
+                if missing_sleep {
+                    format!(
+                        "the image {image} has no `{}` to keep the pod alive ({reason}, exit code {code}): {tail}",
+                        KEEPALIVE.join(" ")
+                    )
+                } else {
+                    format!(
+                        "the keep-alive `{}` exited at once with code {code} ({reason}){}",
+                        KEEPALIVE.join(" "),
+                        if tail.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {tail}")
+                        }
+                    )
+                },
+            )
+            .with("image", image)
+            .with("exit_code", code)
+            .with("reason", reason);
+            if missing_sleep {
+                e = e.with_field("image");
+            }
+            if !tail.is_empty() {
+                e = e.with("log", tail);
+            }
+            e
+        }
+        Readiness::Failed(msg) => Error::new(
+            ErrorKind::StartFailed,
+            format!("the pod failed to start: {msg}"),
+        ),
+    })
 }
 
 fn pending_reason(pod: &Pod) -> String {
@@ -797,5 +1020,163 @@ impl Run for K8sRun {
             }
         }
         self.driver.remove(&self.id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        ContainerStatus, PodStatus,
+    };
+
+    use super::*;
+
+    fn pod(phase: &str, state: ContainerState) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: CONTAINER.into(),
+                    state: Some(state),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn waiting(reason: &str, message: &str) -> Pod {
+        pod(
+            "Pending",
+            ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn terminated(phase: &str, code: i32, reason: &str, message: &str) -> Pod {
+        pod(
+            phase,
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: code,
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn error_of(pod: &Pod) -> Error {
+        start_error(&readiness(pod), "img:1", "/w").expect("an error")
+    }
+
+    #[test]
+    fn image_problems_fail_at_once_naming_the_image_and_the_reason() {
+        for reason in ["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"] {
+            let e = error_of(&waiting(reason, "not present"));
+            assert_eq!(e.kind(), ErrorKind::NotFound, "{reason}");
+            assert_eq!(e.field(), Some("image"), "{reason}");
+            assert_eq!(e.context_value("image"), Some("img:1"));
+            assert_eq!(e.context_value("reason"), Some(reason));
+            assert!(e.message().contains("img:1") && e.message().contains(reason));
+        }
+        let e = error_of(&waiting("InvalidImageName", "couldn't parse image name"));
+        assert_eq!(
+            (e.kind(), e.field()),
+            (ErrorKind::InvalidSpec, Some("image"))
+        );
+        assert!(e.message().contains("img:1") && e.message().contains("InvalidImageName"));
+        let e = error_of(&waiting("CreateContainerConfigError", "secret missing"));
+        assert_eq!(e.kind(), ErrorKind::StartFailed);
+        assert!(
+            e.message()
+                .contains("CreateContainerConfigError: secret missing")
+        );
+        // Still on its way.
+        for reason in ["ContainerCreating", "PodInitializing"] {
+            assert_eq!(readiness(&waiting(reason, "")), Readiness::Pending);
+        }
+    }
+
+    #[test]
+    fn a_keep_alive_that_exited_is_an_error_with_its_code_and_log_tail() {
+        // Even while the phase still says Running (the status lags the container).
+        for phase in ["Running", "Failed", "Pending"] {
+            let e = error_of(&terminated(
+                phase,
+                1,
+                "Error",
+                "sleep: invalid number 'infinity'\n",
+            ));
+            assert_eq!(e.kind(), ErrorKind::StartFailed, "{phase}");
+            assert_eq!(e.context_value("exit_code"), Some("1"));
+            assert_eq!(
+                e.context_value("log"),
+                Some("sleep: invalid number 'infinity'")
+            );
+            assert!(e.message().contains("exited at once with code 1"), "{e}");
+        }
+        let e = error_of(&terminated(
+            "Failed",
+            127,
+            "StartError",
+            "exec: \"sleep\": executable file not found in $PATH",
+        ));
+        assert_eq!(
+            (e.kind(), e.field()),
+            (ErrorKind::StartFailed, Some("image"))
+        );
+        assert!(e.message().contains("has no `sleep infinity`"), "{e}");
+        let e = error_of(&terminated(
+            "Failed",
+            127,
+            "Error",
+            "[FATAL tini (7)] exec sleep failed: No such file or directory\n",
+        ));
+        assert_eq!(e.field(), Some("image"));
+        assert_eq!(e.context_value("exit_code"), Some("127"));
+        let e = error_of(&terminated(
+            "Failed",
+            128,
+            "StartError",
+            "runc create failed: chdir to cwd (\"/root/w\") set in config.json failed: permission denied",
+        ));
+        assert_eq!(
+            (e.kind(), e.field()),
+            (ErrorKind::NotFound, Some("working_dir"))
+        );
+    }
+
+    #[test]
+    fn only_a_running_container_in_a_running_pod_is_ready() {
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            readiness(&pod("Running", running.clone())),
+            Readiness::Ready
+        );
+        assert_eq!(readiness(&pod("Pending", running)), Readiness::Pending);
+        assert!(matches!(
+            readiness(&Pod {
+                status: Some(PodStatus {
+                    phase: Some("Failed".into()),
+                    reason: Some("DeadlineExceeded".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            Readiness::Failed(m) if m.contains("DeadlineExceeded")
+        ));
     }
 }

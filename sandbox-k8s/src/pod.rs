@@ -188,6 +188,9 @@ pub fn run_objects(
         volume_mounts: Some(mounts),
         stdin: Some(false),
         tty: Some(false),
+        // A keep-alive that fails at once carries its log tail in its terminated state,
+        // readable with the pod (no `pods/log` permission needed).
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
 
@@ -207,9 +210,10 @@ pub fn run_objects(
             // The pause container becomes PID 1 and reaps orphans of exec'd processes.
             share_process_namespace: Some(true),
             termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+            // The API accepts 1..=2^31-1 seconds (68 years).
             active_deadline_seconds: spec
                 .ttl
-                .map(|t| t.as_secs().clamp(1, i64::MAX as u64) as i64),
+                .map(|t| t.as_secs().clamp(1, i32::MAX as u64) as i64),
             runtime_class_name: template.runtime_class.clone(),
             node_selector: (!template.node_selector.is_empty())
                 .then(|| template.node_selector.clone()),
@@ -330,6 +334,28 @@ mod tests {
         .unwrap();
         insta::assert_yaml_snapshot!("full_spec_pod", pod);
         insta::assert_yaml_snapshot!("full_spec_secret", secret);
+    }
+
+    #[test]
+    fn a_huge_ttl_is_the_largest_deadline_the_api_accepts() {
+        let mut spec = RunSpec::new("x");
+        for (ttl, want) in [
+            (Duration::MAX, 2_147_483_647),
+            (Duration::from_secs(u64::from(u32::MAX)), 2_147_483_647),
+            (Duration::from_millis(10), 1),
+        ] {
+            spec.ttl = Some(ttl);
+            let (pod, _) = run_objects(
+                &spec,
+                "sbx-1",
+                "ns",
+                &labels(&spec),
+                &PodTemplate::default(),
+            )
+            .unwrap();
+            let deadline = pod.spec.unwrap().active_deadline_seconds;
+            assert_eq!(deadline, Some(want), "{ttl:?}");
+        }
     }
 
     #[test]
