@@ -27,18 +27,30 @@ pub type ConnectFn = fn(DriverConfig) -> BoxFuture<'static, Result<Arc<dyn Drive
 
 inventory::collect!(DriverFactory);
 
-/// Registers a driver with the registry, at item level of the driver's crate.
+/// Registers a driver with the registry, at item level of the driver's crate. The name is
+/// the backend's [`crate::raw::Backend::NAME`], so it is written once:
 ///
 /// ```ignore
-/// runcell_core::register_driver!("docker", "Docker Engine API", DockerDriver::from_config);
+/// runcell_core::register_driver!(DockerDriver, "Docker Engine API", DockerDriver::from_config);
 /// ```
 /// where `DockerDriver::from_config` is an `async fn(DriverConfig) -> Result<Arc<dyn Driver>>`.
+/// (`register_driver!("name", "description", constructor)` registers under an explicit
+/// name, e.g. a second configuration of one backend.)
 #[macro_export]
 macro_rules! register_driver {
-    ($name:expr, $description:expr, $connect:path) => {
+    ($name:literal, $description:expr, $connect:path) => {
         $crate::inventory::submit! {
             $crate::DriverFactory {
                 name: $name,
+                description: $description,
+                connect: |config| ::std::boxed::Box::pin($connect(config)),
+            }
+        }
+    };
+    ($backend:ty, $description:expr, $connect:path) => {
+        $crate::inventory::submit! {
+            $crate::DriverFactory {
+                name: <$backend as $crate::raw::Backend>::NAME,
                 description: $description,
                 connect: |config| ::std::boxed::Box::pin($connect(config)),
             }

@@ -34,7 +34,7 @@ use runcell_core::{
 pub use body::{KEEPALIVE, container_body};
 
 runcell_core::register_driver!(
-    "docker",
+    DockerDriver,
     "Docker Engine API (bollard)",
     DockerDriver::from_config
 );
@@ -131,23 +131,22 @@ impl DockerDriver {
 
     /// What the Docker driver supports.
     pub fn capabilities(&self) -> Capabilities {
-        let mut c = Capabilities::default();
-        c.workspace_mount = true;
-        c.exec_user = true;
-        c.user_names = true;
-        c.memory_limit = true;
-        c.cpu_limit = true;
-        c.pids_limit = true;
-        c.network_none = true;
-        c.read_only_rootfs = true;
-        c.cap_drop = true;
-        c.no_new_privileges = true;
-        c.ttl = true;
-        c.files = true;
-        c.stdin_streaming = true;
-        c.attach = true;
-        c.system_trust_store = true;
-        c
+        Capabilities::none()
+            .workspace_mount(true)
+            .exec_user(true)
+            .user_names(true)
+            .memory_limit(true)
+            .cpu_limit(true)
+            .pids_limit(true)
+            .network_none(true)
+            .read_only_rootfs(true)
+            .cap_drop(true)
+            .no_new_privileges(true)
+            .ttl(true)
+            .files(true)
+            .stdin_streaming(true)
+            .attach(true)
+            .system_trust_store(true)
     }
 
     /// Names the daemon address in errors that say it could not be reached.

@@ -20,7 +20,7 @@ use runcell_core::{ByteStream, Capabilities, Driver, DriverConfig, Result, RunIn
 use runcell_docker::{DockerConfig, DockerDriver};
 
 runcell_core::register_driver!(
-    "audit",
+    AuditDriver,
     "Docker, with per-run exec counting",
     AuditDriver::from_config
 );
