@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use crate::error::{Error, ErrorKind, Result};
 use crate::run::Run;
 
-/// Removes a half-created run when the future of [`Driver::create`] is dropped (cancelled)
+/// Removes a half-created run when the future of [`crate::Driver::create`] is dropped (cancelled)
 /// before it finished, and lets [`stop_runs_on_signal`] remove it too. Drivers arm it
 /// before their first backend call and disarm it once the run is handed out (or removed
 /// on an error path).

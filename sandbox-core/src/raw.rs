@@ -283,7 +283,7 @@ impl<B: Backend> Run for CoreRun<B> {
 
     async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
         spec.validate()?;
-        check_exec(&self.backend.supports(), &spec)?;
+        self.backend.supports().check_exec(&spec)?;
         let span = tracing::debug_span!("run", run = %self.id);
         let marker = format!("{:016x}", rand::random::<u64>());
         let mut env = spec.env.clone();
@@ -394,21 +394,4 @@ impl<B: Backend> ExecControl for Control<B> {
             )
         }
     }
-}
-
-/// The exec options a backend may not support.
-fn check_exec(caps: &Capabilities, spec: &ExecSpec) -> Result<()> {
-    if spec.user.is_some() && !caps.exec_user {
-        return Err(Error::unsupported(
-            "user",
-            "this driver cannot switch user per exec",
-        ));
-    }
-    if matches!(spec.stdin, Stdin::Piped) && !caps.stdin_streaming {
-        return Err(Error::unsupported(
-            "stdin",
-            "this driver cannot stream stdin (use bytes)",
-        ));
-    }
-    Ok(())
 }

@@ -16,7 +16,9 @@ pub fn map(op: &'static str, e: BollardError) -> Error {
         | BollardError::HyperLegacyError { .. } => ErrorKind::Unavailable,
         _ => ErrorKind::Backend,
     };
-    Error::new(kind, format!("docker: {op} failed")).with_source(e)
+    Error::new(kind, format!("docker: {op} failed"))
+        .with_operation(op)
+        .with_source(e)
 }
 
 /// The HTTP status of a daemon answer, if it was one.
