@@ -1,12 +1,33 @@
-//! The run-lifecycle contract of `sandbox`: one long-lived container or pod per run,
-//! entered by exec for every tool call.
+//! The run-lifecycle contract of runcell: one long-lived container or pod per agent run,
+//! entered by exec for every tool call, so each call sees the same workspace, environment,
+//! proxy and CA settings and working directory.
 //!
-//! - [`Driver`] creates, lists, re-attaches and removes runs; [`Run`] execs, moves files
-//!   and stops. Buffered exec and single-file helpers live in [`RunExt`].
-//! - [`RunSpec`] and [`ExecSpec`] are validated before anything is created.
-//! - [`Capabilities`] says what a driver supports; a field it cannot honour is an
-//!   [`ErrorKind::Unsupported`] error, never silently ignored.
-//! - Drivers register with [`register_driver!`] and are found with [`connect`].
+//! Start here:
+//! - [`Driver`] creates runs ([`DriverExt::start`] returns a [`RunGuard`] that stops the
+//!   run when dropped); [`Run`] execs ([`RunExt::exec`] buffered, [`Run::exec_stream`]
+//!   streaming), moves files ([`RunExt::put_file`], [`RunExt::get_file_stream`]) and stops.
+//! - [`RunSpec`] and [`ExecSpec`] are plain data, validated before anything is created;
+//!   every failure is one [`Error`] with a [`ErrorKind`] and the offending
+//!   [`Error::field`].
+//! - [`Capabilities`] says what a driver supports; a field it cannot honour is
+//!   [`ErrorKind::Unsupported`], never silently ignored.
+//! - Drivers: [`runcell-docker`](https://docs.rs/runcell-docker) and
+//!   [`runcell-k8s`](https://docs.rs/runcell-k8s), found by name with [`connect`] or built
+//!   directly. Writing one: implement [`raw::Backend`]; core does everything shared.
+//!
+//! ```no_run
+//! use runcell_core::prelude::*;
+//!
+//! # async fn demo(driver: &dyn Driver) -> runcell_core::Result<()> {
+//! let spec = RunSpec::new("python:3.12-slim")
+//!     .env("PIP_INDEX_URL", "https://pypi.internal/simple")
+//!     .post_create(["pip", "install", "pytest"]);
+//! let run = driver.start(&spec).await?; // stopped when `run` is dropped
+//! let out = run.exec(ExecSpec::new(["python", "-c", "print(6 * 7)"])).await?;
+//! assert_eq!(out.stdout_str(), "42\n");
+//! run.stop().await?;
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod ca;

@@ -1,12 +1,27 @@
-//! Docker driver for `sandbox`: one long-lived container per run, entered by exec for
+//! Docker driver for runcell: one long-lived container per run, entered by exec for
 //! every tool call, through the Docker Engine API (bollard; never the docker CLI).
 //!
 //! Each container runs `sleep infinity` under docker-init (which reaps orphans); the
 //! image's ENTRYPOINT and CMD never run. Stop force-removes the container with its
-//! anonymous volumes, with no SIGTERM grace period.
+//! anonymous volumes, with no SIGTERM grace period. The driver is a
+//! [`runcell_core::raw::Backend`]: everything shared (validation, labels, cleanup,
+//! liveness, post-create, timeouts and kills) is runcell-core's.
 //!
 //! Connect directly with [`DockerDriver::connect`], or through the registry as `docker`
 //! (config keys: `host`, `timeout_secs`; env `SANDBOX_DOCKER_HOST`, ...).
+//!
+//! ```no_run
+//! use runcell_core::prelude::*;
+//! use runcell_docker::{DockerConfig, DockerDriver};
+//!
+//! # async fn demo() -> runcell_core::Result<()> {
+//! let driver = DockerDriver::connect(DockerConfig::default()).await?;
+//! let run = driver.start(&RunSpec::new("busybox:latest").workspace_dir("/srv/runs/42")).await?;
+//! let out = run.exec(ExecSpec::new(["ls", "/workspace"])).await?;
+//! println!("{}", out.stdout_str());
+//! run.stop().await?;
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 
 mod body;
