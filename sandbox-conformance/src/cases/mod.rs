@@ -4,6 +4,7 @@ use runcell_core::Capabilities;
 
 use crate::{Case, Context};
 
+mod capabilities;
 mod env;
 mod exec;
 mod files;
@@ -12,6 +13,7 @@ mod lifecycle;
 mod robustness;
 mod workspace;
 
+pub use capabilities::*;
 pub use env::*;
 pub use exec::*;
 pub use files::*;
@@ -85,4 +87,14 @@ pub static CASES: &[Case] = &[
     case!(reap_removes_runs_of_a_killed_owner),
     case!(signal_to_owner_stops_its_runs),
     case!(ttl_expired_runs_are_reaped, |c| c.ttl),
+    case!(memory_limit_is_honoured_or_unsupported),
+    case!(cpu_limit_is_honoured_or_unsupported),
+    case!(pids_limit_is_honoured_or_unsupported),
+    case!(cap_drop_is_honoured_or_unsupported),
+    case!(no_new_privileges_is_honoured_or_unsupported),
+    case!(read_only_rootfs_is_honoured_or_unsupported),
+    case!(exec_user_is_honoured_or_unsupported),
+    case!(user_names_are_honoured_or_unsupported),
+    case!(stdin_streaming_is_honoured_or_unsupported),
+    case!(network_none_is_honoured_or_unsupported),
 ];
