@@ -51,14 +51,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Event, Pod, Secret, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use runcell_core::labels::{self, Owner};
 use runcell_core::{
-    Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec, ExecStream,
-    Result, Run, RunExt, RunInfo, RunSpec,
+    ByteStream, Capabilities, CreateGuard, Driver, DriverConfig, Error, ErrorKind, ExecSpec,
+    ExecStream, OutputChunk, Result, Run, RunExt, RunInfo, RunSpec, files,
 };
 
 pub use exec::{WRAPPER, header, sh_quote};
@@ -446,7 +447,7 @@ impl K8sDriver {
             }
         }
         if let Some(dir) = &spec.workspace.host_dir {
-            run.put_archive(&spec.workspace.path, tar_dir(dir)?.into())
+            run.put_archive(&spec.workspace.path, files::byte_stream(tar_dir(dir)?))
                 .await?;
         }
         runcell_core::run_post_create(&run, spec).await
@@ -936,8 +937,28 @@ impl K8sRun {
     }
 }
 
+/// How much of tar's messages is kept.
+const TAR_MESSAGES_LIMIT: usize = 64 << 10;
+/// The largest archive sent on the v4 exec path, where it is buffered (256 MiB).
+const FRAMED_ARCHIVE_LIMIT: u64 = 256 << 20;
+
 fn tar_error(out: &runcell_core::ExecOutput, path: &str, run: &str) -> Error {
     let stderr = out.stderr_str();
+    // BusyBox: "can't remove old file x: Is a directory"; GNU: "Cannot open: File exists".
+    if stderr.contains("Is a directory")
+        || stderr.contains("File exists")
+        || stderr.contains("Not a directory")
+    {
+        return Error::invalid_spec(
+            "path",
+            format!(
+                "would replace a directory with a non-directory (or the reverse): {}",
+                stderr.trim()
+            ),
+        )
+        .with("run", run)
+        .with("path", path);
+    }
     let kind = if stderr.contains("No such file") || stderr.contains("can't change directory") {
         ErrorKind::NotFound
     } else {
@@ -968,10 +989,45 @@ impl Run for K8sRun {
         .await
     }
 
-    async fn put_archive(&self, dir: &str, tar: Bytes) -> Result<()> {
-        let out = self
-            .tar_exec(&["tar", "-x", "-f", "-", "-C", dir], Some(tar))
-            .await?;
+    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
+        files::validate_dir_path(dir)?;
+        let spec = ExecSpec::new(["tar", "-x", "-f", "-", "-C", dir])
+            .working_dir("/")
+            .output_limit(TAR_MESSAGES_LIMIT);
+        let out = if self.driver.framed_stdin {
+            // Without stdin EOF (v4 exec) the length must be known up front: buffer.
+            let tar = files::collect_bytes(tar, FRAMED_ARCHIVE_LIMIT)
+                .await
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::Unsupported,
+                        "archives on the v4 exec path are buffered and limited",
+                    )
+                    .with_field("stdin")
+                    .with_source(e)
+                })?;
+            self.exec(spec.stdin_bytes(tar)).await?
+        } else {
+            let mut stream = self.exec_stream(spec.stdin_piped()).await?;
+            let mut stdin = stream.take_stdin().expect("stdin was asked for");
+            let feed = async move {
+                let mut tar = tar;
+                while let Some(chunk) = tar.try_next().await.map_err(|e| {
+                    Error::new(ErrorKind::Backend, "reading the archive to upload failed")
+                        .with_source(e)
+                })? {
+                    stdin.write(chunk).await?;
+                }
+                Ok::<(), Error>(())
+            };
+            // A failed feed drops stdin: tar reads a short archive and fails, so this ends.
+            let (fed, out) = tokio::join!(feed, stream.collect(TAR_MESSAGES_LIMIT));
+            if !out.status.success() {
+                return Err(tar_error(&out, dir, &self.id));
+            }
+            fed?;
+            out
+        };
         if out.status.success() {
             Ok(())
         } else {
@@ -979,36 +1035,68 @@ impl Run for K8sRun {
         }
     }
 
-    async fn get_archive(&self, path: &str) -> Result<Bytes> {
-        let trimmed = path.trim_end_matches('/');
-        let (parent, base) = match trimmed.rsplit_once('/') {
-            Some(("", base)) => ("/", base),
-            Some((parent, base)) => (parent, base),
-            None => {
-                return Err(Error::invalid_spec(
-                    "path",
-                    format!("{path:?} must be absolute"),
-                ));
+    async fn get_archive(&self, path: &str) -> Result<ByteStream> {
+        let (parent, base) = files::split_file_path(path.trim_end_matches('/')).map_err(|_| {
+            Error::invalid_spec("path", format!("{path:?} must be an absolute path below /"))
+        })?;
+        // A name that starts with '-' must not read as an option of tar.
+        let base = if base.starts_with('-') {
+            format!("./{base}")
+        } else {
+            base.to_string()
+        };
+        let mut stream = self
+            .exec_stream(
+                ExecSpec::new(["tar", "-c", "-f", "-", "-C", parent, &base]).working_dir("/"),
+            )
+            .await?;
+        // Wait for the first bytes of the archive, or for tar's failure: a missing path
+        // is a typed error, not a broken stream.
+        let mut stderr = Vec::new();
+        let first = loop {
+            match stream.next_chunk().await {
+                Some(OutputChunk::Stdout(b)) => break Some(b),
+                Some(OutputChunk::Stderr(b)) => {
+                    if stderr.len() < TAR_MESSAGES_LIMIT {
+                        stderr.extend_from_slice(&b);
+                    }
+                }
+                None => break None,
             }
         };
-        let out = self
-            .tar_exec(&["tar", "-c", "-f", "-", "-C", parent, base], None)
-            .await?;
-        if out.stdout_truncated() {
-            return Err(Error::new(
-                ErrorKind::Backend,
-                format!(
-                    "the archive of {path} is larger than {} bytes",
-                    out.stdout.len()
-                ),
-            )
-            .with("run", &self.id));
-        }
-        if out.status.success() {
-            Ok(out.stdout.into())
-        } else {
-            Err(tar_error(&out, path, &self.id))
-        }
+        let Some(first) = first else {
+            let status = stream.wait().await;
+            let out = runcell_core::ExecOutput {
+                status,
+                stdout: Vec::new(),
+                stderr,
+                stdout_total: 0,
+                stderr_total: 0,
+                duration: Default::default(),
+            };
+            return Err(tar_error(&out, path, &self.id));
+        };
+        let rest = futures::stream::unfold(Some(stream), |state| async move {
+            let mut stream = state?;
+            loop {
+                match stream.next_chunk().await {
+                    Some(OutputChunk::Stdout(b)) => return Some((Ok(b), Some(stream))),
+                    Some(OutputChunk::Stderr(_)) => continue,
+                    None => {
+                        let status = stream.wait().await;
+                        return (!status.success()).then(|| {
+                            (
+                                Err(std::io::Error::other(format!("tar in the pod {status}"))),
+                                None,
+                            )
+                        });
+                    }
+                }
+            }
+        });
+        Ok(futures::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .boxed())
     }
 
     async fn stop(&self) -> Result<()> {
