@@ -138,6 +138,13 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
     /// A tar stream of `path` in target `id` ([`ErrorKind::NotFound`] if missing).
     async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream>;
 
+    /// Sets up what needs the running target, after core's liveness check and before the
+    /// post-create commands (e.g. CA files assembled by a script, a workspace seeded by
+    /// tar). Default: nothing.
+    async fn prepare_target(&self, _plan: &Plan<'_>) -> Result<()> {
+        Ok(())
+    }
+
     /// What the backend knows of a target that did not stay up: exit code, log tail.
     async fn diagnose(&self, _id: &str) -> Vec<(&'static str, String)> {
         Vec::new()
@@ -221,6 +228,7 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
     let result = async {
         backend.create_target(&plan).await?;
         check_alive(&run).await?;
+        backend.prepare_target(&plan).await?;
         crate::run::run_post_create(&run, plan.spec).await
     }
     .await;
@@ -266,6 +274,18 @@ async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
             Err(e)
         }
     }
+}
+
+/// An exec in target `id` through core (marker, pump, timeout, kill), for a backend's own
+/// work inside a target (tar through exec, setup scripts). Dropping the stream kills it,
+/// like any exec.
+pub async fn exec_in<B: Backend>(backend: &B, id: &str, spec: ExecSpec) -> Result<ExecStream> {
+    CoreRun {
+        backend: backend.clone(),
+        id: id.to_string(),
+    }
+    .exec_stream(spec)
+    .await
 }
 
 /// The one [`Run`] of every driver: a backend and a target id.
