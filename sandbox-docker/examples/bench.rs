@@ -1,13 +1,43 @@
 //! Measures, side by side in one run, what the per-run design buys: the cost of a tool
 //! call as an exec into the run's long-lived container, against a fresh container per
-//! call (create + exec + remove), and the cost of stop. Prints medians and the ratio.
+//! call (create + exec + remove), and the cost of stop; and what the library adds over
+//! the raw Engine API (bollard's create/start/inspect exec into the same container).
+//! Prints medians and the ratios.
 //!
-//! `cargo xtask bench` (or `cargo run --release -p sandbox-docker --example bench -- [N]`).
+//! `cargo xtask bench` (or `cargo run --release -p runcell-docker --example bench -- [N]`).
 
 use std::time::{Duration, Instant};
 
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use futures::StreamExt;
 use runcell_core::{Driver, DriverExt, ExecSpec, Network, RunExt, RunSpec};
 use runcell_docker::{DockerConfig, DockerDriver};
+
+/// One `true` through the raw Engine API, as a hand-written client would do it.
+async fn raw_exec(
+    docker: &bollard::Docker,
+    container: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let created = docker
+        .create_exec(
+            container,
+            CreateExecOptions::<String> {
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                cmd: Some(vec!["true".into()]),
+                ..Default::default()
+            },
+        )
+        .await?;
+    if let StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&created.id, None).await?
+    {
+        while output.next().await.is_some() {}
+    }
+    let inspect = docker.inspect_exec(&created.id).await?;
+    assert_eq!(inspect.exit_code, Some(0));
+    Ok(())
+}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -30,8 +60,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut spec = RunSpec::new("sandbox-test/busybox:latest").label("sandbox.example/bench", "1");
     spec.network = Network::None;
 
-    let (mut in_run, mut fresh, mut stops, mut starts) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut in_run, mut fresh, mut stops, mut starts, mut raw) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let run = driver.start(&spec).await?;
     // Interleaved rounds, so that machine noise hits both sides alike.
     for _ in 0..rounds {
@@ -40,6 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let out = run.exec(ExecSpec::new(["true"])).await?;
             assert!(out.status.success());
             in_run.push(t.elapsed());
+            let t = Instant::now();
+            raw_exec(driver.client(), run.id()).await?;
+            raw.push(t.elapsed());
         }
         let t = Instant::now();
         let one = driver.create(&spec).await?;
@@ -52,10 +85,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         fresh.push(t.elapsed());
     }
     run.stop().await?;
-    let (a, b) = (median(in_run), median(fresh));
+    let (a, b, r) = (median(in_run), median(fresh), median(raw));
     println!(
         "tool call as exec into the run's container: median {:7.1} ms",
         ms(a)
+    );
+    println!(
+        "same call through the raw Engine API (bollard):      median {:7.1} ms",
+        ms(r)
+    );
+    println!(
+        "library/raw: {:.2}x (the library adds validation, the exec marker, the pump)",
+        a.as_secs_f64() / r.as_secs_f64()
     );
     println!(
         "tool call in a fresh container (create+exec+remove): median {:7.1} ms",
