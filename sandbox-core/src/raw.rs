@@ -38,6 +38,10 @@ use crate::labels::{self, Owner};
 use crate::run::{Driver, Run, RunExt, RunInfo};
 use crate::spec::{ExecSpec, RunSpec, Stdin};
 
+/// The target's only process: it keeps the target alive and does nothing else (the
+/// image's ENTRYPOINT and CMD never run).
+pub const KEEPALIVE: [&str; 2] = ["sleep", "infinity"];
+
 /// What a backend creates: a validated, capability-checked spec with its id and labels.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -3,10 +3,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use runcell_core::raw::KEEPALIVE;
 use runcell_core::{Network, RunSpec, ca};
-
-/// The kept-alive process. The image's ENTRYPOINT and CMD are never run.
-pub const KEEPALIVE: [&str; 2] = ["sleep", "infinity"];
 
 /// The container create body for a run. `labels` are the run's full labels (the
 /// library's and the caller's). Pure: snapshotted in tests.

@@ -46,7 +46,8 @@ use runcell_core::{
     RunSpec, ca, files,
 };
 
-pub use body::{KEEPALIVE, container_body};
+pub use body::container_body;
+use runcell_core::raw::KEEPALIVE;
 
 runcell_core::register_driver!(
     DockerDriver,
