@@ -149,17 +149,21 @@ impl Owner {
 }
 
 /// The library's labels for a new run, in insertion order of a map.
+///
+/// `owner` `None`: a detached run, owned by no process (reaped only by TTL or when dead).
 pub fn run_labels(
     run_id: &str,
-    owner: &Owner,
+    owner: Option<&Owner>,
     ttl: Option<Duration>,
     user: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let mut labels = user.clone();
     labels.insert(RUN_ID.into(), run_id.into());
-    labels.insert(OWNER_HOST.into(), owner.host.clone());
-    labels.insert(OWNER_PID.into(), owner.pid.to_string());
-    labels.insert(OWNER_START.into(), owner.start.to_string());
+    if let Some(owner) = owner {
+        labels.insert(OWNER_HOST.into(), owner.host.clone());
+        labels.insert(OWNER_PID.into(), owner.pid.to_string());
+        labels.insert(OWNER_START.into(), owner.start.to_string());
+    }
     if let Some(ttl) = ttl {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -233,7 +237,7 @@ mod tests {
     fn a_huge_ttl_saturates() {
         let labels = run_labels(
             "r",
-            &Owner::current(),
+            Some(&Owner::current()),
             Some(Duration::MAX),
             &BTreeMap::new(),
         );
@@ -280,7 +284,7 @@ mod tests {
             ..me.clone()
         };
         assert_eq!(elsewhere.is_alive(), None);
-        let labels = run_labels("sbx-1", &me, None, &BTreeMap::new());
+        let labels = run_labels("sbx-1", Some(&me), None, &BTreeMap::new());
         assert_eq!(Owner::from_labels(&labels), Some(me));
         assert_eq!(labels[MANAGED_BY], MANAGED_BY_VALUE);
     }

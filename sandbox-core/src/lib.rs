@@ -37,6 +37,7 @@ mod exec;
 pub mod files;
 mod guard;
 pub mod labels;
+mod progress;
 pub mod raw;
 mod reap;
 mod registry;
@@ -51,6 +52,7 @@ pub use exec::{
 };
 pub use files::{ByteStream, FileReader};
 pub use guard::{CreateGuard, RunGuard, stop_guarded_runs, stop_runs_on_signal};
+pub use progress::{CreateOptions, Progress, ProgressFn};
 pub use reap::{ReapReason, reap};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
 pub use run::{Driver, DriverExt, Run, RunExt, RunInfo, new_run_id, prepare, run_post_create};

@@ -35,6 +35,7 @@ use crate::exec::{EXEC_ID_ENV, ExecControl, ExecStream, ExitStatus, KILL_SCRIPT,
 use crate::files::{self, ByteStream};
 use crate::guard::CreateGuard;
 use crate::labels::{self, Owner};
+use crate::progress::{CreateOptions, Progress, ProgressFn};
 use crate::run::{Driver, Run, RunExt, RunInfo};
 use crate::spec::{ExecSpec, RunSpec, Stdin};
 
@@ -43,7 +44,6 @@ use crate::spec::{ExecSpec, RunSpec, Stdin};
 pub const KEEPALIVE: [&str; 2] = ["sleep", "infinity"];
 
 /// What a backend creates: a validated, capability-checked spec with its id and labels.
-#[derive(Debug)]
 #[non_exhaustive]
 pub struct Plan<'a> {
     /// The run id: the container's or pod's name.
@@ -57,6 +57,29 @@ pub struct Plan<'a> {
     pub ca_pem: Option<String>,
     /// The spec, already validated and checked against the capabilities.
     pub spec: &'a RunSpec,
+    /// Where progress goes (the caller's callback, if any).
+    progress: Option<ProgressFn>,
+}
+
+impl fmt::Debug for Plan<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan")
+            .field("id", &self.id)
+            .field("labels", &self.labels)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("ca_pem", &self.ca_pem.is_some())
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan<'_> {
+    /// Reports a step to the caller, if it asked for progress.
+    pub fn report(&self, event: Progress) {
+        if let Some(f) = &self.progress {
+            f(event);
+        }
+    }
 }
 
 /// One raw exec: what the backend starts in the target, as given.
@@ -176,7 +199,7 @@ impl<B: Backend> Driver for B {
         self.supports()
     }
 
-    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
+    async fn create_with(&self, spec: &RunSpec, options: CreateOptions) -> Result<Box<dyn Run>> {
         spec.validate()?;
         self.supports().check(spec)?;
         let ca_pem = spec
@@ -188,7 +211,13 @@ impl<B: Backend> Driver for B {
         let span =
             tracing::debug_span!("run.create", driver = B::NAME, run = %id, image = %spec.image);
         let plan = Plan {
-            labels: labels::run_labels(&id, &Owner::current(), spec.ttl, &spec.labels),
+            labels: labels::run_labels(
+                &id,
+                (!options.detached).then(Owner::current).as_ref(),
+                spec.ttl,
+                &spec.labels,
+            ),
+            progress: options.progress,
             env: spec.run_env(),
             ca_pem,
             id,
@@ -231,8 +260,17 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
     };
     let result = async {
         backend.create_target(&plan).await?;
+        plan.report(Progress::Step("checking that the sandbox answers".into()));
         check_alive(&run).await?;
         backend.prepare_target(&plan).await?;
+        for (i, argv) in plan.spec.post_create.iter().enumerate() {
+            let n = plan.spec.post_create.len();
+            plan.report(Progress::Step(format!(
+                "post-create {}/{n}: {}",
+                i + 1,
+                argv[0]
+            )));
+        }
         crate::run::run_post_create(&run, plan.spec).await
     }
     .await;

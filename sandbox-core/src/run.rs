@@ -10,6 +10,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{DEFAULT_OUTPUT_LIMIT, ExecOutput, ExecStream};
 use crate::files::{self, ByteStream};
 use crate::guard::RunGuard;
+use crate::progress::CreateOptions;
 use crate::spec::{ExecSpec, RunSpec};
 
 /// A backend that creates runs: one long-lived container or pod each.
@@ -26,7 +27,12 @@ pub trait Driver: Send + Sync + fmt::Debug + 'static {
     /// Creates a run: validates `spec` (see [`prepare`]), creates the target, waits until
     /// it is ready, sets up CA and workspace, runs the post-create commands. On any
     /// failure nothing is left behind.
-    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>>;
+    async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
+        self.create_with(spec, CreateOptions::default()).await
+    }
+
+    /// [`Driver::create`] with options: a progress callback, a detached owner.
+    async fn create_with(&self, spec: &RunSpec, options: CreateOptions) -> Result<Box<dyn Run>>;
 
     /// Re-attaches to a live run by id (from this or another process).
     async fn attach(&self, id: &str) -> Result<Box<dyn Run>>;
@@ -161,6 +167,11 @@ pub trait DriverExt: Driver {
     /// Creates a run wrapped in a [`RunGuard`] that stops it on drop.
     async fn start(&self, spec: &RunSpec) -> Result<RunGuard> {
         Ok(RunGuard::new(self.create(spec).await?))
+    }
+
+    /// [`DriverExt::start`] with options (progress callback).
+    async fn start_with(&self, spec: &RunSpec, options: CreateOptions) -> Result<RunGuard> {
+        Ok(RunGuard::new(self.create_with(spec, options).await?))
     }
 }
 

@@ -96,7 +96,7 @@ mod tests {
             pid: 4242,
             start: 777,
         };
-        let mut l = run_labels("sbx-000000000001", &owner, None, &spec.labels);
+        let mut l = run_labels("sbx-000000000001", Some(&owner), None, &spec.labels);
         if spec.ttl.is_some() {
             l.insert(runcell_core::labels::EXPIRES_AT.into(), "1900000000".into());
         }

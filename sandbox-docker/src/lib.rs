@@ -42,8 +42,8 @@ use futures::{StreamExt, TryStreamExt};
 use runcell_core::labels;
 use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
 use runcell_core::{
-    ByteStream, Capabilities, Driver, DriverConfig, Error, ErrorKind, PullPolicy, Result, RunInfo,
-    RunSpec, ca, files,
+    ByteStream, Capabilities, Driver, DriverConfig, Error, ErrorKind, Progress, PullPolicy, Result,
+    RunInfo, RunSpec, ca, files,
 };
 
 pub use body::container_body;
@@ -174,7 +174,8 @@ impl DockerDriver {
         }
     }
 
-    async fn ensure_image(&self, image: &str, policy: PullPolicy) -> Result<()> {
+    async fn ensure_image(&self, plan: &Plan<'_>) -> Result<()> {
+        let (image, policy) = (plan.spec.image.as_str(), plan.spec.pull);
         let present = match self.docker.inspect_image(image).await {
             Ok(_) => true,
             Err(e) if error::status(&e) == Some(404) => false,
@@ -202,13 +203,26 @@ impl DockerDriver {
             options = options.tag(tag);
         }
         let options = options.build();
-        let pulled: std::result::Result<Vec<_>, _> = self
-            .docker
-            .create_image(Some(options), None, None)
-            .try_collect()
-            .await;
+        plan.report(Progress::Step(format!("pulling {image}")));
+        let mut pull_stream = self.docker.create_image(Some(options), None, None);
+        let pulled = loop {
+            match pull_stream.next().await {
+                None => break Ok(()),
+                Some(Err(e)) => break Err(e),
+                Some(Ok(info)) => {
+                    let detail = info.progress_detail.unwrap_or_default();
+                    plan.report(Progress::Pull {
+                        image: image.to_string(),
+                        layer: info.id.unwrap_or_default(),
+                        status: info.status.unwrap_or_default(),
+                        current: detail.current.and_then(|c| u64::try_from(c).ok()),
+                        total: detail.total.and_then(|t| u64::try_from(t).ok()),
+                    });
+                }
+            }
+        };
         match pulled {
-            Ok(_) => Ok(()),
+            Ok(()) => Ok(()),
             Err(e) if present => {
                 tracing::warn!(image, "pull failed, using the local image: {e}");
                 Ok(())
@@ -336,7 +350,8 @@ impl Backend for DockerDriver {
 
     async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
         let spec = plan.spec;
-        self.ensure_image(&spec.image, spec.pull).await?;
+        self.ensure_image(plan).await?;
+        plan.report(Progress::Step("creating the container".into()));
         let body = container_body(spec, &plan.labels);
         let options = CreateContainerOptionsBuilder::default()
             .name(&plan.id)

@@ -15,8 +15,9 @@ use runcell_core::{Error, PullPolicy, Result, RunSpec, ca};
 
 /// The name of the workload container.
 pub const CONTAINER: &str = "sandbox";
-/// The kept-alive process. The image's ENTRYPOINT and CMD are never run.
-pub const KEEPALIVE: [&str; 2] = ["sleep", "infinity"];
+/// The kept-alive process (core's, the same for every driver). The image's ENTRYPOINT and
+/// CMD are never run.
+pub use runcell_core::raw::KEEPALIVE;
 /// Where the CA Secret is mounted (read-only); the bundle is built from it into [`ca::DIR`].
 pub const CA_SECRET_MOUNT: &str = "/etc/sandbox-ca";
 /// The pod annotation that records the run's host workspace directory.
@@ -44,14 +45,16 @@ pub fn ca_secret_name(run_id: &str) -> String {
     format!("{run_id}-ca")
 }
 
-/// The objects of a run: its Pod and, when `spec.ca_bundle` is set, the CA Secret.
-/// `labels` are the run's full labels. Errors only for what Kubernetes cannot express
+/// The objects of a run: its Pod and, when `ca_pem` is given (the spec's CA bundle, parsed
+/// and normalized), the CA Secret that carries it. `labels` are the run's full labels; the
+/// container's env is [`RunSpec::run_env`]. Errors only for what Kubernetes cannot express
 /// (a non-numeric user). Pure: snapshotted in tests.
 pub fn run_objects(
     spec: &RunSpec,
     run_id: &str,
     namespace: &str,
     labels: &BTreeMap<String, String>,
+    ca_pem: Option<&str>,
     template: &PodTemplate,
 ) -> Result<(Pod, Option<Secret>)> {
     let (run_as_user, run_as_group) = match spec.user.as_deref() {
@@ -76,7 +79,7 @@ pub fn run_objects(
         mount_path: spec.workspace.path.clone(),
         ..Default::default()
     }];
-    let secret = spec.ca_bundle.as_ref().map(|pem| Secret {
+    let secret = ca_pem.map(|pem| Secret {
         metadata: ObjectMeta {
             name: Some(ca_secret_name(run_id)),
             namespace: Some(namespace.into()),
@@ -85,7 +88,7 @@ pub fn run_objects(
         },
         data: Some(BTreeMap::from([(
             "ca.pem".to_string(),
-            ByteString(pem.clone().into_bytes()),
+            ByteString(pem.as_bytes().to_vec()),
         )])),
         type_: Some("Opaque".into()),
         ..Default::default()
@@ -266,7 +269,7 @@ mod tests {
             pid: 4242,
             start: 777,
         };
-        let mut l = run_labels("sbx-000000000001", &owner, None, &spec.labels);
+        let mut l = run_labels("sbx-000000000001", Some(&owner), None, &spec.labels);
         if spec.ttl.is_some() {
             l.insert(runcell_core::labels::EXPIRES_AT.into(), "1900000000".into());
         }
@@ -281,6 +284,7 @@ mod tests {
             "sbx-000000000001",
             "default",
             &labels(&spec),
+            None,
             &PodTemplate::default(),
         )
         .unwrap();
@@ -329,6 +333,7 @@ mod tests {
             "sbx-000000000001",
             "agents",
             &labels(&spec),
+            spec.ca_bundle.as_deref(),
             &template,
         )
         .unwrap();
@@ -350,6 +355,7 @@ mod tests {
                 "sbx-1",
                 "ns",
                 &labels(&spec),
+                None,
                 &PodTemplate::default(),
             )
             .unwrap();
@@ -367,6 +373,7 @@ mod tests {
             "sbx-1",
             "ns",
             &labels(&spec),
+            None,
             &PodTemplate::default(),
         )
         .unwrap_err();
@@ -381,6 +388,7 @@ mod tests {
                 "sbx-1",
                 "ns",
                 &labels(&spec),
+                None,
                 &PodTemplate::default()
             )
             .is_err()

@@ -274,3 +274,37 @@ pub async fn keepalive_that_cannot_run_fails_create(cx: &Context) -> anyhow::Res
     }
     Ok(())
 }
+
+/// `create_with` reports its steps to a progress callback, and a detached run carries no
+/// owner, so `reap` keeps it although its creator (this process) is irrelevant to it.
+pub async fn progress_is_reported_and_detached_runs_have_no_owner(
+    cx: &Context,
+) -> anyhow::Result<()> {
+    use std::sync::{Arc, Mutex};
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let options = runcell_core::CreateOptions::default()
+        .progress(move |p| seen.lock().unwrap().push(p.to_string()))
+        .detached(true);
+    let spec = cx.spec().post_create(["true"]);
+    let run = cx.driver.start_with(&spec, options).await?;
+    let events = events.lock().unwrap().clone();
+    ensure!(
+        events.iter().any(|e| e.contains("post-create 1/1")),
+        "progress events: {events:?}"
+    );
+    let info = cx.driver.list(&cx.case_selector()).await?;
+    ensure!(info.len() == 1, "{info:?}");
+    let labels = &info[0].labels;
+    ensure!(
+        !labels.contains_key(runcell_core::labels::OWNER_PID),
+        "a detached run has an owner: {labels:?}"
+    );
+    let reaped = runcell_core::reap(&*cx.driver, &cx.case_selector()).await?;
+    ensure!(
+        reaped.is_empty(),
+        "reap removed a live detached run: {reaped:?}"
+    );
+    run.stop().await?;
+    Ok(())
+}

@@ -47,6 +47,7 @@ pub static CASES: &[Case] = &[
     case!(hostile_file_paths_are_typed_errors, files),
     case!(durations_at_the_extremes_are_safe),
     case!(keepalive_that_cannot_run_fails_create),
+    case!(progress_is_reported_and_detached_runs_have_no_owner),
     case!(entrypoint_never_runs),
     case!(missing_image_is_not_found),
     case!(workspace_persists_across_execs),

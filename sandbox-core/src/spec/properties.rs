@@ -65,7 +65,7 @@ proptest! {
         let _ = format!("{spec:?}");
         match spec.validate() {
             Ok(()) => {
-                let labels = crate::labels::run_labels("sbx-0", &crate::labels::Owner::current(), spec.ttl, &spec.labels);
+                let labels = crate::labels::run_labels("sbx-0", Some(&crate::labels::Owner::current()), spec.ttl, &spec.labels);
                 prop_assert!(labels.contains_key(crate::labels::RUN_ID));
                 let _ = spec.run_env();
             }
