@@ -10,7 +10,9 @@ pub fn map(op: &'static str, e: kube::Error) -> Error {
         kube::Error::HyperError(_) | kube::Error::Service(_) => ErrorKind::Unavailable,
         _ => ErrorKind::Backend,
     };
-    Error::new(kind, format!("kubernetes: {op} failed")).with_source(e)
+    Error::new(kind, format!("kubernetes: {op} failed"))
+        .with_operation(op)
+        .with_source(e)
 }
 
 /// The HTTP status of an API answer, if it was one.

@@ -1,7 +1,8 @@
-//! Exec over the API's websocket (`v5.channel.k8s.io`, stdin EOF through the CLOSE
-//! signal). Kubernetes exec has no env or working directory: a fixed wrapper in argv
+//! One raw exec over the API's websocket (`v5.channel.k8s.io`, stdin EOF through the
+//! CLOSE signal). Kubernetes exec has no env or working directory: a fixed wrapper in argv
 //! reads them from stdin as a small shell header, so env values never reach the exec
-//! URL (and so audit logs); the rest of stdin is the command's.
+//! URL (and so audit logs); the rest of stdin is the command's. Core adds the exec marker
+//! (in the env it gives), feeds stdin, runs the pump and the kill.
 //!
 //! The wrapper runs the command as its child and, when it exits, writes a trailer with
 //! the exit code to stderr (`\0\0sbx-exit:<nonce>:<code>\0`). The driver strips it and
@@ -15,10 +16,6 @@
 //! the exec's `SANDBOX_EXEC_ID`, which the command's processes carry so the kill finds
 //! them. The same channel tells the driver that the command never started because the
 //! working directory cannot be entered ([`ExitStatus::NotStarted`]).
-//!
-//! The driver's own execs (the kill, the CA setup, the create-time probe) are
-//! [`run_internal`]: bounded by a timeout, and their kill is a no-op, so that dropping or
-//! timing out one of them never starts another exec.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,10 +25,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{AttachParams, AttachedProcess};
-use runcell_core::{
-    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, Error, ErrorKind, ExecControl, ExecOutput, ExecSpec,
-    ExecStream, ExitStatus, KILL_SCRIPT, OutputChunk, Result, Stdin,
-};
+use runcell_core::raw::{RawExec, RawProcess, RawStatus};
+use runcell_core::{Error, ErrorKind, ExecSpec, ExitStatus, OutputChunk, Result, Stdin};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 use tokio_util::io::ReaderStream;
@@ -50,7 +45,8 @@ pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-fn is_shell_name(name: &str) -> bool {
+/// True for a name a POSIX shell can export (the wrapper's shell drops the others).
+pub(crate) fn is_shell_name(name: &str) -> bool {
     name.chars()
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
@@ -69,8 +65,10 @@ fn trailer_printf(nonce: &str, payload: &str) -> String {
 
 /// The header script for one exec: its env, its working directory, then the command.
 ///
-/// `marker` is the exec's `SANDBOX_EXEC_ID` (exported: the kill finds the command's
-/// processes by it); `nonce` authenticates the trailer and is never exported.
+/// `exec` is the raw exec as core gives it (argv, env, working directory, stdin; user and
+/// limits are not read): its env includes `SANDBOX_EXEC_ID`, the exec marker, exported so
+/// that the kill finds the command's processes. `nonce` authenticates the trailer and is
+/// never exported.
 ///
 /// `run_env` is the run's environment (the container's): a shell drops the entries whose
 /// names are not shell identifiers from what it passes on, so those are given again
@@ -85,8 +83,7 @@ fn trailer_printf(nonce: &str, payload: &str) -> String {
 /// stdin closes the whole connection, stdin is never closed; instead the header gives the
 /// command `/dev/null` or exactly the `n` bytes that follow it (`head -c n`).
 pub fn header(
-    spec: &ExecSpec,
-    marker: &str,
+    exec: &ExecSpec,
     nonce: &str,
     framed_stdin: bool,
     run_env: &[(String, String)],
@@ -97,17 +94,14 @@ pub fn header(
         .filter(|(name, _)| !is_shell_name(name))
         .map(|(name, value)| sh_quote(&format!("{name}={value}")))
         .collect();
-    for (name, value) in spec.env.iter().chain(std::iter::once(&(
-        EXEC_ID_ENV.to_string(),
-        marker.to_string(),
-    ))) {
+    for (name, value) in &exec.env {
         if is_shell_name(name) {
             script.push_str(&format!("export {name}={}\n", sh_quote(value)));
         } else {
             odd_names.push(sh_quote(&format!("{name}={value}")));
         }
     }
-    if let Some(dir) = &spec.working_dir {
+    if let Some(dir) = &exec.working_dir {
         let q = sh_quote(dir);
         script.push_str(&format!(
             "cd -- {q} 2>/dev/null || {{ if [ -e {q} ]; then {denied}; else {missing}; fi >&2; exit 126; }}\n",
@@ -117,7 +111,7 @@ pub fn header(
     }
     let command = if odd_names.is_empty() {
         "( exec \"$@\" )".to_string()
-    } else if spec.argv[0].contains('=') {
+    } else if exec.argv[0].contains('=') {
         // `env` would take the program for one more assignment.
         format!(
             "env -- {} sh -c 'exec \"$@\"' sh \"$@\"",
@@ -126,7 +120,7 @@ pub fn header(
     } else {
         format!("env -- {} \"$@\"", odd_names.join(" "))
     };
-    match (&spec.stdin, framed_stdin) {
+    match (&exec.stdin, framed_stdin) {
         (_, false) | (Stdin::Piped, true) => script.push_str(&format!("{command}\n")),
         (Stdin::Null, true) => script.push_str(&format!("{command} </dev/null\n")),
         (Stdin::Bytes(b), true) => script.push_str(&format!("head -c {} | {command}\n", b.len())),
@@ -143,69 +137,33 @@ pub fn header(
 const WORKDIR_MISSING: &str = "cwd-missing";
 const WORKDIR_DENIED: &str = "cwd-denied";
 
-/// Starts one exec in the pod `name`. `framed_stdin`: see [`header`].
+/// Starts one raw exec in the pod `name`. `framed_stdin`: see [`header`]; then stdin
+/// (`Stdin::Bytes`) is delivered here and no sink is returned. Otherwise the returned
+/// sink is core's to feed and close.
 ///
 /// `run_env`: the run's environment, see [`header`].
-pub async fn start(
+pub(crate) async fn start(
     pods: &Api<Pod>,
     name: &str,
-    spec: ExecSpec,
+    exec: RawExec,
     framed_stdin: bool,
     run_env: &[(String, String)],
-) -> Result<ExecStream> {
-    start_exec(pods, name, spec, framed_stdin, run_env, true).await
-}
-
-/// Runs one of the driver's own execs to its end, within `bound` (connecting included).
-/// Its kill is a no-op: it must end by itself, and timing it out or dropping it never
-/// starts another exec. A timeout is [`ExitStatus::TimedOut`].
-pub async fn run_internal(
-    pods: &Api<Pod>,
-    name: &str,
-    spec: ExecSpec,
-    framed_stdin: bool,
-    bound: Duration,
-) -> Result<ExecOutput> {
-    let deadline = tokio::time::Instant::now() + bound;
-    let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
-    let spec = spec.timeout(bound);
-    let stream = tokio::time::timeout_at(
-        deadline,
-        start_exec(pods, name, spec, framed_stdin, &[], false),
-    )
-    .await
-    .map_err(|_| {
-        Error::new(
-            ErrorKind::Timeout,
-            format!("the driver's exec did not connect within {bound:?}"),
-        )
-        .with("run", name)
-    })??;
-    Ok(stream.collect(limit).await)
-}
-
-async fn start_exec(
-    pods: &Api<Pod>,
-    name: &str,
-    spec: ExecSpec,
-    framed_stdin: bool,
-    run_env: &[(String, String)],
-    killable: bool,
-) -> Result<ExecStream> {
-    spec.validate()?;
-    if spec.user.is_some() {
-        return Err(Error::unsupported(
-            "user",
-            "Kubernetes exec cannot switch user",
-        ));
-    }
-    if framed_stdin && matches!(spec.stdin, Stdin::Piped) {
-        return Err(Error::unsupported(
-            "stdin",
-            "streaming stdin needs v5.channel.k8s.io (Kubernetes 1.30+)",
-        ));
-    }
-    let marker = format!("{:016x}", rand::random::<u64>());
+) -> Result<RawProcess> {
+    // The header reads the exec as a spec: same argv, env, directory and stdin.
+    let RawExec {
+        argv,
+        env,
+        working_dir,
+        stdin,
+        ..
+    } = exec;
+    let spec = ExecSpec {
+        argv,
+        env,
+        working_dir,
+        stdin,
+        ..Default::default()
+    };
     let nonce = new_nonce();
     let mut argv: Vec<String> = ["sh", "-c", WRAPPER, "sandbox-exec"]
         .map(String::from)
@@ -234,9 +192,9 @@ async fn start_exec(
     let stderr = process
         .stderr()
         .ok_or_else(|| Error::new(ErrorKind::Backend, "k8s: exec without stderr"))?;
-    let header = header(&spec, &marker, &nonce, framed_stdin, run_env);
+    let header = header(&spec, &nonce, framed_stdin, run_env);
     // On v4, stdin must stay open until the exec is over: a task writes the header and
-    // the bytes, then holds the writer until the exec's control is dropped.
+    // the bytes, then holds the writer until the exec's status is dropped.
     let (keep_open, mut keep_open_rx) = tokio::sync::oneshot::channel::<()>();
     let sink: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>> = if framed_stdin {
         let bytes = match &spec.stdin {
@@ -260,6 +218,7 @@ async fn start_exec(
     } else {
         stdin.write_all(header.as_bytes()).await.map_err(|e| {
             Error::new(ErrorKind::Backend, "k8s: could not send the exec header")
+                .with_operation("exec")
                 .with("run", name)
                 .with_source(e)
         })?;
@@ -273,19 +232,17 @@ async fn start_exec(
     let outcome = Arc::new(std::sync::Mutex::new(None));
     let output = strip_trailer(output, Trailer::new(&nonce), outcome.clone());
     let status = process.take_status();
-    let control = K8sExec {
-        pods: pods.clone(),
-        pod: name.to_string(),
-        marker,
-        working_dir: spec.working_dir.clone(),
-        outcome,
-        framed_stdin,
-        killable,
-        _keep_stdin_open: keep_open,
-        status: Mutex::new(status.map(|f| Box::pin(f) as StatusFuture)),
-        process: Mutex::new(Some(process)),
-    };
-    Ok(ExecStream::spawn(&spec, output, sink, Box::new(control)))
+    Ok(RawProcess {
+        output,
+        stdin: sink,
+        status: Box::new(K8sStatus {
+            working_dir: spec.working_dir,
+            outcome,
+            _keep_stdin_open: keep_open,
+            status: Mutex::new(status.map(|f| Box::pin(f) as StatusFuture)),
+            process: Mutex::new(Some(process)),
+        }),
+    })
 }
 
 type StatusFuture = std::pin::Pin<
@@ -308,6 +265,7 @@ pub fn exec_error(pod: &str, e: kube::Error) -> Error {
     };
     if lost {
         Error::new(ErrorKind::RunLost, "the run's pod is gone or not running")
+            .with_operation("exec")
             .with("run", pod)
             .with_source(e)
     } else {
@@ -315,18 +273,13 @@ pub fn exec_error(pod: &str, e: kube::Error) -> Error {
     }
 }
 
-struct K8sExec {
-    pods: Api<Pod>,
-    pod: String,
-    marker: String,
+/// The status of one exec: what the wrapper's trailer said, else the status channel.
+struct K8sStatus {
     /// The exec's working directory, for the reason of a [`ExitStatus::NotStarted`].
     working_dir: Option<String>,
     /// What the wrapper's trailer said, once seen.
     outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
-    framed_stdin: bool,
-    /// False for the driver's own execs: their kill is a no-op (see [`run_internal`]).
-    killable: bool,
-    /// Dropped with the control: releases a v4 stdin kept open.
+    /// Dropped with the status (when core's pump is done): releases a v4 stdin kept open.
     _keep_stdin_open: tokio::sync::oneshot::Sender<()>,
     status: Mutex<Option<StatusFuture>>,
     /// Kept alive until the status is read: dropping it aborts the websocket task.
@@ -336,11 +289,8 @@ struct K8sExec {
 /// How long to wait for the status frame after the output streams closed.
 const STATUS_WAIT: Duration = Duration::from_secs(10);
 
-/// The bound of the kill exec (its script ends by itself within ~1.5 s).
-pub const KILL_EXEC_BOUND: Duration = Duration::from_secs(5);
-
 #[async_trait]
-impl ExecControl for K8sExec {
+impl RawStatus for K8sStatus {
     async fn status(&self) -> Result<ExitStatus> {
         let outcome = self
             .outcome
@@ -364,32 +314,6 @@ impl ExecControl for K8sExec {
             Ok(None) => ExitStatus::TransportLost("the connection closed without a status".into()),
             Ok(Some(s)) => status_to_exit(&s),
         })
-    }
-
-    async fn kill(&self) -> Result<()> {
-        if !self.killable {
-            return Ok(());
-        }
-        let spec =
-            ExecSpec::new(["sh", "-c", KILL_SCRIPT, "sandbox-kill", &self.marker]).working_dir("/");
-        let killed = run_internal(
-            &self.pods,
-            &self.pod,
-            spec,
-            self.framed_stdin,
-            KILL_EXEC_BOUND,
-        )
-        .await;
-        self.process.lock().await.take();
-        let status = killed?.status;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(
-                Error::new(ErrorKind::Backend, format!("the kill exec {status}"))
-                    .with("run", &self.pod),
-            )
-        }
     }
 }
 
@@ -585,19 +509,23 @@ mod tests {
 
     use super::*;
 
+    /// The exec as core hands it over: the spec's env, then the exec marker.
+    fn marked(spec: &ExecSpec, marker: &str) -> ExecSpec {
+        spec.clone().env(runcell_core::EXEC_ID_ENV, marker)
+    }
+
     #[test]
     fn header_exports_quoted_env_and_enters_the_directory() {
         let spec = ExecSpec::new(["x"])
             .env("A", "it's $HOME")
             .env("my.var", "1")
             .working_dir("/tmp/a b");
-        let h = header(&spec, "m1", "n1", false, &[]);
+        let h = header(&marked(&spec, "m1"), "n1", false, &[]);
         let (len, script) = h.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), script.len());
         insta::assert_snapshot!(script);
         let framed = header(
-            &spec.clone().stdin_bytes(&b"12345"[..]),
-            "m1",
+            &marked(&spec.clone().stdin_bytes(&b"12345"[..]), "m1"),
             "n1",
             true,
             &[],
@@ -607,7 +535,7 @@ mod tests {
             "{framed}"
         );
         assert!(
-            header(&ExecSpec::new(["x"]), "m1", "n1", true, &[])
+            header(&marked(&ExecSpec::new(["x"]), "m1"), "n1", true, &[])
                 .contains("( exec \"$@\" ) </dev/null\n")
         );
     }
@@ -618,7 +546,7 @@ mod tests {
         let nonce = new_nonce();
         assert_eq!(nonce.len(), 32);
         assert_ne!(nonce, new_nonce());
-        let h = header(&spec, "marker1", &nonce, false, &[]);
+        let h = header(&marked(&spec, "marker1"), &nonce, false, &[]);
         for line in h.lines().filter(|l| l.contains(&nonce)) {
             assert!(
                 line.contains(&format!("printf '\\000\\000sbx-exit:{nonce}:")),
@@ -729,7 +657,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let mut input = header(spec, marker, &nonce, framed, &run_env).into_bytes();
+        let mut input = header(&marked(spec, marker), &nonce, framed, &run_env).into_bytes();
         if let Stdin::Bytes(b) = &spec.stdin {
             input.extend_from_slice(b);
         }
@@ -929,88 +857,6 @@ mod tests {
                 assert_eq!(out.status(&spec), ExitStatus::Exited(0));
             }
         }
-    }
-
-    /// A client whose every request is counted and answered `500`, or never when `hang`.
-    fn counting_client(hang: bool) -> (Api<Pod>, Arc<std::sync::atomic::AtomicUsize>) {
-        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let seen = count.clone();
-        let service = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
-            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async move {
-                if hang {
-                    std::future::pending::<()>().await;
-                }
-                Ok::<_, std::convert::Infallible>(
-                    http::Response::builder()
-                        .status(500)
-                        .body(kube::client::Body::empty())
-                        .unwrap(),
-                )
-            }
-        });
-        let client = kube::Client::new(service, "default");
-        (Api::namespaced(client, "default"), count)
-    }
-
-    fn control(pods: Api<Pod>, killable: bool) -> K8sExec {
-        K8sExec {
-            pods,
-            pod: "sbx-1".into(),
-            marker: "m".into(),
-            working_dir: None,
-            outcome: Arc::new(std::sync::Mutex::new(None)),
-            framed_stdin: false,
-            killable,
-            _keep_stdin_open: tokio::sync::oneshot::channel().0,
-            status: Mutex::new(None),
-            process: Mutex::new(None),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn internal_execs_never_start_another_exec_when_killed() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let (pods, count) = counting_client(false);
-        control(pods.clone(), false).kill().await.unwrap();
-        assert_eq!(count.load(SeqCst), 0);
-        // Timed out, or dropped: the pump kills, which must not start an exec.
-        let spec = ExecSpec::new(["x"]).timeout(Duration::from_secs(1));
-        let stream = ExecStream::spawn(
-            &spec,
-            futures::stream::pending().boxed(),
-            None,
-            Box::new(control(pods.clone(), false)),
-        );
-        assert_eq!(stream.wait().await, ExitStatus::TimedOut);
-        let stream = ExecStream::spawn(
-            &spec,
-            futures::stream::pending().boxed(),
-            None,
-            Box::new(control(pods.clone(), false)),
-        );
-        drop(stream);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(count.load(SeqCst), 0);
-        // A command's exec is killed by one kill exec (refused here).
-        assert!(control(pods, true).kill().await.is_err());
-        assert_eq!(count.load(SeqCst), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_hanging_kill_exec_is_bounded_and_not_killed_in_turn() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let (pods, count) = counting_client(true);
-        let started = tokio::time::Instant::now();
-        let e = control(pods, true).kill().await.unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Timeout);
-        assert!(started.elapsed() <= KILL_EXEC_BOUND + Duration::from_millis(100));
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        assert_eq!(
-            count.load(SeqCst),
-            1,
-            "the kill exec was killed by another exec"
-        );
     }
 
     #[test]

@@ -1,0 +1,136 @@
+//! The driver's settings and the ways to build it: [`K8sDriver::connect`] (the inferred
+//! kubeconfig), [`K8sDriver::from_client`] and the registry's [`K8sDriver::from_config`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Toleration;
+use kube::Client;
+use runcell_core::{Driver, DriverConfig, Error, ErrorKind, Result};
+
+use crate::{K8sDriver, PodTemplate};
+
+/// Driver settings beyond the cluster connection.
+#[derive(Debug, Clone, Default)]
+pub struct K8sConfig {
+    /// Namespace of the runs; default: the kubeconfig's (or `default`).
+    pub namespace: Option<String>,
+    /// Pod-level settings: runtime class, node selector, tolerations, extra labels/annotations.
+    pub template: PodTemplate,
+    /// How long a pod may take to run. Default 120 s.
+    pub ready_timeout: Option<Duration>,
+    /// Copy the workspace back into the host directory when a run stops.
+    pub sync_workspace_on_stop: bool,
+    /// Use the exec path for API servers without `v5.channel.k8s.io` (before 1.30) even
+    /// on newer ones: stdin is framed instead of closed, and `Stdin::Piped` is unsupported.
+    /// Older servers get it automatically.
+    pub exec_v4_compatible: bool,
+}
+
+impl K8sDriver {
+    /// Connects with the inferred kubeconfig and checks that the API server answers.
+    pub async fn connect(config: K8sConfig) -> Result<K8sDriver> {
+        let kube_config = kube::Config::infer().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                "no cluster configuration (KUBECONFIG, ~/.kube/config, or in-cluster service account)",
+            )
+            .with_source(e)
+        })?;
+        let cluster_url = kube_config.cluster_url.to_string();
+        let namespace = config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| kube_config.default_namespace.clone());
+        let client = Client::try_from(kube_config).map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("cannot build a client for {cluster_url}"),
+            )
+            .with_source(e)
+        })?;
+        let version = client.apiserver_version().await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("cannot reach the Kubernetes API server at {cluster_url}"),
+            )
+            .with_source(e)
+        })?;
+        // v5.channel.k8s.io (stdin close) is served from 1.30 on.
+        let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap_or(0);
+        let v5 = version.major != "1" || minor >= 30;
+        Ok(K8sDriver {
+            client,
+            namespace,
+            framed_stdin: config.exec_v4_compatible || !v5,
+            config,
+            cluster_url,
+            runs: Arc::default(),
+        })
+    }
+
+    /// A driver on an existing client (custom TLS, auth or middleware), in `namespace`.
+    pub fn from_client(
+        client: Client,
+        namespace: impl Into<String>,
+        config: K8sConfig,
+    ) -> K8sDriver {
+        K8sDriver {
+            cluster_url: "(caller's client)".into(),
+            namespace: namespace.into(),
+            client,
+            framed_stdin: config.exec_v4_compatible,
+            config,
+            runs: Arc::default(),
+        }
+    }
+
+    /// The registry constructor (see the crate docs for the keys).
+    pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
+        let pairs = |config: &mut DriverConfig, key: &str| -> Result<BTreeMap<String, String>> {
+            let Some(text) = config.take(key) else {
+                return Ok(BTreeMap::new());
+            };
+            text.split(',')
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| {
+                    p.split_once('=')
+                        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                        .ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::Config,
+                                format!("k8s: {key}: {p:?} is not key=value"),
+                            )
+                        })
+                })
+                .collect()
+        };
+        let tolerations: Vec<Toleration> = match config.take("tolerations") {
+            None => Vec::new(),
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| Error::new(ErrorKind::Config, format!("k8s: tolerations: {e}")))?,
+        };
+        let k8s = K8sConfig {
+            namespace: config.take("namespace"),
+            template: PodTemplate {
+                runtime_class: config.take("runtime_class"),
+                node_selector: pairs(&mut config, "node_selector")?,
+                tolerations,
+                labels: pairs(&mut config, "pod_labels")?,
+                annotations: pairs(&mut config, "pod_annotations")?,
+            },
+            ready_timeout: config
+                .take_parsed::<u64>("ready_timeout_secs")?
+                .map(Duration::from_secs),
+            sync_workspace_on_stop: config
+                .take_parsed::<bool>("sync_workspace_on_stop")?
+                .unwrap_or(false),
+            exec_v4_compatible: config
+                .take_parsed::<bool>("exec_v4_compatible")?
+                .unwrap_or(false),
+        };
+        config.finish()?;
+        Ok(Arc::new(K8sDriver::connect(k8s).await?))
+    }
+}

@@ -1,0 +1,227 @@
+//! Files through exec: the API has no archive endpoint, so `tar` runs in the pod (the
+//! image needs it), every exec through core ([`runcell_core::raw::exec_in`]: marker,
+//! timeout, kill). Archives go in as streaming stdin on v5, buffered (up to
+//! [`FRAMED_ARCHIVE_LIMIT`]) on v4, and come out as a stream. The workspace is seeded from
+//! the host directory at create and copied back on request or at stop.
+
+use std::path::Path;
+
+use futures::{StreamExt, TryStreamExt};
+use runcell_core::raw::exec_in;
+use runcell_core::{
+    ByteStream, Error, ErrorKind, ExecOutput, ExecSpec, OutputChunk, Result, files,
+};
+
+use crate::K8sDriver;
+
+/// How much of tar's messages is kept.
+const TAR_MESSAGES_LIMIT: usize = 64 << 10;
+/// The largest archive sent on the v4 exec path, where it is buffered (256 MiB).
+const FRAMED_ARCHIVE_LIMIT: u64 = 256 << 20;
+/// The largest workspace copied back to the host (it is buffered).
+const WORKSPACE_SYNC_LIMIT: usize = 1 << 30;
+
+impl K8sDriver {
+    /// Extracts `tar` into the directory `dir` of the pod.
+    pub(crate) async fn put_tar_by_exec(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
+        let spec = ExecSpec::new(["tar", "-x", "-f", "-", "-C", dir]).working_dir("/");
+        let out = if self.framed_stdin {
+            // Without stdin EOF (v4 exec) the length must be known up front: buffer.
+            let tar = files::collect_bytes(tar, FRAMED_ARCHIVE_LIMIT)
+                .await
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::Unsupported,
+                        "archives on the v4 exec path are buffered and limited",
+                    )
+                    .with_field("stdin")
+                    .with_source(e)
+                })?;
+            exec_in(self, id, spec.stdin_bytes(tar))
+                .await?
+                .collect(TAR_MESSAGES_LIMIT)
+                .await
+        } else {
+            let mut stream = exec_in(self, id, spec.stdin_piped()).await?;
+            let mut stdin = stream.take_stdin().expect("stdin was asked for");
+            let feed = async move {
+                let mut tar = tar;
+                while let Some(chunk) = tar.try_next().await.map_err(|e| {
+                    Error::new(ErrorKind::Backend, "reading the archive to upload failed")
+                        .with_source(e)
+                })? {
+                    stdin.write(chunk).await?;
+                }
+                Ok::<(), Error>(())
+            };
+            // A failed feed drops stdin: tar reads a short archive and fails, so this ends.
+            let (fed, out) = tokio::join!(feed, stream.collect(TAR_MESSAGES_LIMIT));
+            if !out.status.success() {
+                return Err(tar_error(&out, dir, id));
+            }
+            fed?;
+            out
+        };
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(tar_error(&out, dir, id))
+        }
+    }
+
+    /// A tar stream of `path` in the pod, with its base name at the root.
+    pub(crate) async fn get_tar_by_exec(&self, id: &str, path: &str) -> Result<ByteStream> {
+        let (parent, base) = files::split_file_path(path.trim_end_matches('/')).map_err(|_| {
+            Error::invalid_spec("path", format!("{path:?} must be an absolute path below /"))
+        })?;
+        // A name that starts with '-' must not read as an option of tar.
+        let base = if base.starts_with('-') {
+            format!("./{base}")
+        } else {
+            base.to_string()
+        };
+        let mut stream = exec_in(
+            self,
+            id,
+            ExecSpec::new(["tar", "-c", "-f", "-", "-C", parent, &base]).working_dir("/"),
+        )
+        .await?;
+        // Wait for the first bytes of the archive, or for tar's failure: a missing path
+        // is a typed error, not a broken stream.
+        let mut stderr = Vec::new();
+        let first = loop {
+            match stream.next_chunk().await {
+                Some(OutputChunk::Stdout(b)) => break Some(b),
+                Some(OutputChunk::Stderr(b)) => {
+                    if stderr.len() < TAR_MESSAGES_LIMIT {
+                        stderr.extend_from_slice(&b);
+                    }
+                }
+                None => break None,
+            }
+        };
+        let Some(first) = first else {
+            let status = stream.wait().await;
+            let out = ExecOutput {
+                status,
+                stdout: Vec::new(),
+                stderr,
+                stdout_total: 0,
+                stderr_total: 0,
+                duration: Default::default(),
+            };
+            return Err(tar_error(&out, path, id));
+        };
+        let rest = futures::stream::unfold(Some(stream), |state| async move {
+            let mut stream = state?;
+            loop {
+                match stream.next_chunk().await {
+                    Some(OutputChunk::Stdout(b)) => return Some((Ok(b), Some(stream))),
+                    Some(OutputChunk::Stderr(_)) => continue,
+                    None => {
+                        let status = stream.wait().await;
+                        return (!status.success()).then(|| {
+                            (
+                                Err(std::io::Error::other(format!("tar in the pod {status}"))),
+                                None,
+                            )
+                        });
+                    }
+                }
+            }
+        });
+        Ok(futures::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .boxed())
+    }
+
+    /// Copies the host directory's content into the pod's workspace.
+    pub(crate) async fn seed_workspace(&self, id: &str, host_dir: &Path, path: &str) -> Result<()> {
+        self.put_tar_by_exec(id, path, files::byte_stream(tar_dir(host_dir)?))
+            .await
+    }
+
+    /// Copies run `run_id`'s workspace back into its host directory (files the run deleted
+    /// stay on the host). A no-op for runs without a host directory. Runs stopped with
+    /// [`crate::K8sConfig::sync_workspace_on_stop`] set do this at stop.
+    pub async fn sync_workspace_to_host(&self, run_id: &str) -> Result<()> {
+        let state = self.run_state(run_id).await?;
+        let Some(dir) = &state.host_dir else {
+            return Ok(());
+        };
+        let spec =
+            ExecSpec::new(["tar", "-c", "-f", "-", "-C", &state.workspace, "."]).working_dir("/");
+        let out = exec_in(self, run_id, spec)
+            .await?
+            .collect(WORKSPACE_SYNC_LIMIT)
+            .await;
+        if !out.status.success() || out.stdout_truncated() {
+            return Err(tar_error(&out, &state.workspace, run_id));
+        }
+        let mut archive = tar::Archive::new(&out.stdout[..]);
+        let bad = |e: std::io::Error| {
+            Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
+        };
+        for entry in archive.entries().map_err(bad)? {
+            let mut entry = entry.map_err(bad)?;
+            // Only files and directories, and only inside `dir`: the archive comes from
+            // the sandbox and may hold links meant to write elsewhere on the host.
+            match entry.header().entry_type() {
+                tar::EntryType::Regular | tar::EntryType::Directory => {
+                    entry.unpack_in(dir).map_err(bad)?;
+                }
+                other => {
+                    tracing::debug!(run = %run_id, ?other, "workspace sync skips a non-regular entry")
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The typed error of a tar that failed in the pod, from its messages.
+fn tar_error(out: &ExecOutput, path: &str, run: &str) -> Error {
+    let stderr = out.stderr_str();
+    // BusyBox: "can't remove old file x: Is a directory"; GNU: "Cannot open: File exists".
+    if stderr.contains("Is a directory")
+        || stderr.contains("File exists")
+        || stderr.contains("Not a directory")
+    {
+        return Error::invalid_spec(
+            "path",
+            format!(
+                "would replace a directory with a non-directory (or the reverse): {}",
+                stderr.trim()
+            ),
+        )
+        .with("run", run)
+        .with("path", path);
+    }
+    let kind = if stderr.contains("No such file") || stderr.contains("can't change directory") {
+        ErrorKind::NotFound
+    } else {
+        ErrorKind::Backend
+    };
+    Error::new(
+        kind,
+        format!("tar in the pod {}: {}", out.status, stderr.trim()),
+    )
+    .with("run", run)
+    .with("path", path)
+}
+
+/// A tar of the directory's content (paths relative to it).
+fn tar_dir(dir: &Path) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    builder
+        .append_dir_all(".", dir)
+        .and_then(|_| builder.into_inner())
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Backend,
+                format!("cannot archive {}", dir.display()),
+            )
+            .with_source(e)
+        })
+}

@@ -1,0 +1,526 @@
+//! Where a starting pod stands, read from its status (watched, never polled): running,
+//! still on its way, or failed for a reason that will not resolve by itself (an image that
+//! cannot be used, a configuration the runtime rejects, a keep-alive that exited); the
+//! typed error of each, with the pod's warning events; and what core is told of a pod that
+//! did not answer its liveness exec ([`K8sDriver::diagnose_pod`]).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use kube::runtime::wait::await_condition;
+use runcell_core::{Error, ErrorKind, Result};
+
+use crate::{CONTAINER, K8sDriver, KEEPALIVE};
+
+const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the pod's status may lag a failed liveness exec.
+const STATUS_SETTLE: Duration = Duration::from_secs(3);
+
+impl K8sDriver {
+    /// Waits (watch, not poll) until the pod runs, or fails with what its status and events
+    /// say as soon as they say it cannot (an image that cannot be used, a keep-alive that
+    /// exited).
+    pub(crate) async fn wait_ready(&self, id: &str, image: &str, working_dir: &str) -> Result<()> {
+        let timeout = self.config.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT);
+        let cond =
+            |pod: Option<&Pod>| pod.is_none_or(|p| !matches!(readiness(p), Readiness::Pending));
+        let waited = tokio::time::timeout(
+            timeout,
+            kube::runtime::wait::await_condition(self.pods(), id, cond),
+        )
+        .await;
+        let pod = match waited {
+            Ok(Ok(pod)) => pod,
+            Ok(Err(e)) => {
+                return Err(Error::new(ErrorKind::Backend, "watching the pod failed")
+                    .with("run", id)
+                    .with_source(e));
+            }
+            Err(_) => {
+                let pod = self.pods().get_opt(id).await.ok().flatten();
+                let why = pod.as_ref().map(pending_reason).unwrap_or_default();
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the pod did not run within {timeout:?}: {why}{}",
+                        self.events(id).await
+                    ),
+                )
+                .with("run", id));
+            }
+        };
+        let Some(pod) = pod else {
+            return Err(
+                Error::new(ErrorKind::RunLost, "the pod was deleted while starting")
+                    .with("run", id),
+            );
+        };
+        match start_error(&readiness(&pod), image, working_dir) {
+            None => Ok(()),
+            Some(e) => Err(self.with_events(e, id).await),
+        }
+    }
+
+    /// What the pod's status says of a run that did not answer core's liveness exec: why
+    /// the keep-alive ended (`pod`), its `exit_code`, `reason` and `log` tail (the
+    /// termination message), and the pod's warning `events`. The status may lag the failed
+    /// exec by a moment: this waits up to [`STATUS_SETTLE`] for the pod to stop running.
+    pub(crate) async fn diagnose_pod(&self, id: &str) -> Vec<(&'static str, String)> {
+        let stopped = |pod: Option<&Pod>| pod.is_none_or(|p| !is_ready(p));
+        let settled =
+            tokio::time::timeout(STATUS_SETTLE, await_condition(self.pods(), id, stopped)).await;
+        let pod = match settled {
+            Ok(Ok(pod)) => pod,
+            _ => self.pods().get_opt(id).await.ok().flatten(),
+        };
+        let mut found = Vec::new();
+        match &pod {
+            None => found.push(("pod", "deleted while starting".to_string())),
+            Some(pod) => {
+                let container = pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.containers.iter())
+                    .find(|c| c.name == CONTAINER);
+                let image = container.and_then(|c| c.image.as_deref()).unwrap_or("");
+                let working_dir = container
+                    .and_then(|c| c.working_dir.as_deref())
+                    .unwrap_or("/");
+                if let Some(e) = start_error(&readiness(pod), image, working_dir) {
+                    found.push(("pod", e.message().to_string()));
+                    found.extend(e.context().iter().filter(|(k, _)| *k != "image").cloned());
+                }
+            }
+        }
+        if let Some(events) = self.event_lines(id).await {
+            found.push(("events", events));
+        }
+        found
+    }
+
+    /// Adds the pod's last events to an error's message, and the run id.
+    async fn with_events(&self, e: Error, id: &str) -> Error {
+        let events = self.events(id).await;
+        let mut out = Error::new(e.kind(), format!("{}{events}", e.message()));
+        if let Some(field) = e.field() {
+            out = out.with_field(field);
+        }
+        for (k, v) in e.context() {
+            out = out.with(k, v);
+        }
+        if e.context_value("run").is_none() {
+            out = out.with("run", id);
+        }
+        out
+    }
+
+    /// The pod's last warning events, as a suffix for error messages.
+    async fn events(&self, id: &str) -> String {
+        match self.event_lines(id).await {
+            Some(lines) => format!("; events: {lines}"),
+            None => String::new(),
+        }
+    }
+
+    /// The pod's last five warning events, newest first, if it has any.
+    async fn event_lines(&self, id: &str) -> Option<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
+        let params = ListParams::default().fields(&format!("involvedObject.name={id}"));
+        let list = events.list(&params).await.ok()?;
+        let lines: Vec<String> = list
+            .items
+            .iter()
+            .filter(|e| is_warning(e))
+            .rev()
+            .take(5)
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.reason.as_deref().unwrap_or("?"),
+                    e.message.as_deref().unwrap_or("").trim()
+                )
+            })
+            .collect();
+        (!lines.is_empty()).then(|| lines.join(" | "))
+    }
+}
+
+fn is_warning(e: &Event) -> bool {
+    e.type_.as_deref() == Some("Warning")
+}
+
+/// Where a starting pod stands.
+#[derive(Debug, Clone, PartialEq)]
+enum Readiness {
+    /// The pod runs and its container runs.
+    Ready,
+    /// Not yet (scheduling, creating the container, pulling).
+    Pending,
+    /// The container waits for a reason that does not resolve by itself (an image that
+    /// cannot be used, a configuration the runtime rejects).
+    Stuck { reason: String, message: String },
+    /// The container (the keep-alive) ended or could not start.
+    Exited {
+        code: i32,
+        reason: String,
+        /// The termination message: with `FallbackToLogsOnError`, the log tail.
+        message: String,
+    },
+    /// The pod ended or is being deleted.
+    Failed(String),
+}
+
+/// Waiting reasons of a container that mean its image cannot be used (kubelet's
+/// `images` package and `kuberuntime`).
+const IMAGE_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "ImageInspectError",
+    "RegistryUnavailable",
+    "SignatureValidationFailed",
+];
+
+/// Waiting reasons of a container that the runtime will not get past by retrying.
+const STUCK_REASONS: &[&str] = &[
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "PreStartHookError",
+];
+
+impl Readiness {
+    /// What the runtime said about a container it could not create or start.
+    fn runtime_message(&self) -> Option<&str> {
+        match self {
+            Readiness::Stuck { reason, message } if STUCK_REASONS.contains(&reason.as_str()) => {
+                Some(message)
+            }
+            Readiness::Exited {
+                reason, message, ..
+            } if reason == "StartError" || reason == "ContainerCannotRun" => Some(message),
+            _ => None,
+        }
+    }
+}
+
+/// True when the pod and its container run.
+pub(crate) fn is_ready(pod: &Pod) -> bool {
+    matches!(readiness(pod), Readiness::Ready)
+}
+
+fn readiness(pod: &Pod) -> Readiness {
+    let Some(status) = &pod.status else {
+        return Readiness::Pending;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Readiness::Failed("the pod is being deleted".into());
+    }
+    let container = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == CONTAINER);
+    let state = container.and_then(|c| c.state.as_ref());
+    if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+        return Readiness::Exited {
+            code: t.exit_code,
+            reason: t.reason.clone().unwrap_or_default(),
+            message: t.message.clone().unwrap_or_default(),
+        };
+    }
+    if let Some(w) = state.and_then(|s| s.waiting.as_ref()) {
+        let reason = w.reason.as_deref().unwrap_or("");
+        if IMAGE_REASONS.contains(&reason) || STUCK_REASONS.contains(&reason) {
+            return Readiness::Stuck {
+                reason: reason.into(),
+                message: w.message.clone().unwrap_or_default(),
+            };
+        }
+    }
+    match status.phase.as_deref() {
+        Some("Failed") | Some("Succeeded") => Readiness::Failed(format!(
+            "phase {}: {} {}",
+            status.phase.as_deref().unwrap_or(""),
+            status.reason.as_deref().unwrap_or(""),
+            status.message.as_deref().unwrap_or("")
+        )),
+        Some("Running") if state.is_some_and(|s| s.running.is_some()) => Readiness::Ready,
+        _ => Readiness::Pending,
+    }
+}
+
+/// The typed error of a pod that will not run, `None` while it runs or may still run.
+///
+/// `working_dir` is the container's: a runtime that cannot create or enter it fails the
+/// start with a message naming it (runc: `chdir to cwd ("/x") set in config.json failed`,
+/// Docker: `Cannot mkdir: /x is not a directory`).
+fn start_error(readiness: &Readiness, image: &str, working_dir: &str) -> Option<Error> {
+    if let Some(message) = readiness.runtime_message()
+        && (message.contains("chdir to cwd")
+            || (working_dir != "/"
+                && message.contains(working_dir)
+                && (message.contains("mkdir") || message.contains("chdir"))))
+    {
+        return Some(
+            Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "the run's working directory {working_dir} cannot be entered: {}",
+                    message.trim()
+                ),
+            )
+            .with_field("working_dir")
+            .with("working_dir", working_dir),
+        );
+    }
+    Some(match readiness {
+        Readiness::Ready | Readiness::Pending => return None,
+        Readiness::Stuck { reason, message } if reason == "InvalidImageName" => {
+            Error::invalid_spec(
+                "image",
+                format!("image {image} is not a valid reference: {reason}: {message}"),
+            )
+            .with("image", image)
+            .with("reason", reason)
+        }
+        Readiness::Stuck { reason, message } if IMAGE_REASONS.contains(&reason.as_str()) => {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("image {image} cannot be pulled: {reason}: {message}"),
+            )
+            .with_field("image")
+            .with("image", image)
+            .with("reason", reason)
+        }
+        Readiness::Stuck { reason, message } => Error::new(
+            ErrorKind::StartFailed,
+            format!("the container cannot be created: {reason}: {message}"),
+        )
+        .with("image", image)
+        .with("reason", reason),
+        Readiness::Exited {
+            code,
+            reason,
+            message,
+        } => {
+            let tail = message.trim();
+            // runc: `exec: "sleep": executable file not found in $PATH` (StartError);
+            // behind an init such as tini: `exec sleep failed: No such file or directory`.
+            let lower = tail.to_ascii_lowercase();
+            let missing_sleep = lower.contains("executable file not found")
+                || (lower.contains("sleep") && lower.contains("no such file or directory"));
+            let mut e = Error::new(
+                ErrorKind::StartFailed,
+                if missing_sleep {
+                    format!(
+                        "the image {image} has no `{}` to keep the pod alive ({reason}, exit code {code}): {tail}",
+                        KEEPALIVE.join(" ")
+                    )
+                } else {
+                    format!(
+                        "the keep-alive `{}` exited at once with code {code} ({reason}){}",
+                        KEEPALIVE.join(" "),
+                        if tail.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {tail}")
+                        }
+                    )
+                },
+            )
+            .with("image", image)
+            .with("exit_code", code)
+            .with("reason", reason);
+            if missing_sleep {
+                e = e.with_field("image");
+            }
+            if !tail.is_empty() {
+                e = e.with("log", tail);
+            }
+            e
+        }
+        Readiness::Failed(msg) => Error::new(
+            ErrorKind::StartFailed,
+            format!("the pod failed to start: {msg}"),
+        ),
+    })
+}
+
+fn pending_reason(pod: &Pod) -> String {
+    let Some(status) = &pod.status else {
+        return "no status yet".into();
+    };
+    for c in status.conditions.iter().flatten() {
+        if c.status == "False" && c.reason.is_some() {
+            return format!(
+                "{} {}: {}",
+                c.type_,
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or("")
+            );
+        }
+    }
+    format!("phase {}", status.phase.as_deref().unwrap_or("unknown"))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        ContainerStatus, PodStatus,
+    };
+
+    use super::*;
+
+    fn pod(phase: &str, state: ContainerState) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: CONTAINER.into(),
+                    state: Some(state),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn waiting(reason: &str, message: &str) -> Pod {
+        pod(
+            "Pending",
+            ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn terminated(phase: &str, code: i32, reason: &str, message: &str) -> Pod {
+        pod(
+            phase,
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: code,
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn error_of(pod: &Pod) -> Error {
+        start_error(&readiness(pod), "img:1", "/w").expect("an error")
+    }
+
+    #[test]
+    fn image_problems_fail_at_once_naming_the_image_and_the_reason() {
+        for reason in ["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"] {
+            let e = error_of(&waiting(reason, "not present"));
+            assert_eq!(e.kind(), ErrorKind::NotFound, "{reason}");
+            assert_eq!(e.field(), Some("image"), "{reason}");
+            assert_eq!(e.context_value("image"), Some("img:1"));
+            assert_eq!(e.context_value("reason"), Some(reason));
+            assert!(e.message().contains("img:1") && e.message().contains(reason));
+        }
+        let e = error_of(&waiting("InvalidImageName", "couldn't parse image name"));
+        assert_eq!(
+            (e.kind(), e.field()),
+            (ErrorKind::InvalidSpec, Some("image"))
+        );
+        assert!(e.message().contains("img:1") && e.message().contains("InvalidImageName"));
+        let e = error_of(&waiting("CreateContainerConfigError", "secret missing"));
+        assert_eq!(e.kind(), ErrorKind::StartFailed);
+        assert!(
+            e.message()
+                .contains("CreateContainerConfigError: secret missing")
+        );
+        // Still on its way.
+        for reason in ["ContainerCreating", "PodInitializing"] {
+            assert_eq!(readiness(&waiting(reason, "")), Readiness::Pending);
+        }
+    }
+
+    #[test]
+    fn a_keep_alive_that_exited_is_an_error_with_its_code_and_log_tail() {
+        // Even while the phase still says Running (the status lags the container).
+        for phase in ["Running", "Failed", "Pending"] {
+            let e = error_of(&terminated(
+                phase,
+                1,
+                "Error",
+                "sleep: invalid number 'infinity'\n",
+            ));
+            assert_eq!(e.kind(), ErrorKind::StartFailed, "{phase}");
+            assert_eq!(e.context_value("exit_code"), Some("1"));
+            assert_eq!(
+                e.context_value("log"),
+                Some("sleep: invalid number 'infinity'")
+            );
+            assert!(e.message().contains("exited at once with code 1"), "{e}");
+        }
+        let e = error_of(&terminated(
+            "Failed",
+            127,
+            "StartError",
+            "exec: \"sleep\": executable file not found in $PATH",
+        ));
+        assert_eq!(
+            (e.kind(), e.field()),
+            (ErrorKind::StartFailed, Some("image"))
+        );
+        assert!(e.message().contains("has no `sleep infinity`"), "{e}");
+        let e = error_of(&terminated(
+            "Failed",
+            127,
+            "Error",
+            "[FATAL tini (7)] exec sleep failed: No such file or directory\n",
+        ));
+        assert_eq!(e.field(), Some("image"));
+        assert_eq!(e.context_value("exit_code"), Some("127"));
+        let e = error_of(&terminated(
+            "Failed",
+            128,
+            "StartError",
+            "runc create failed: chdir to cwd (\"/root/w\") set in config.json failed: permission denied",
+        ));
+        assert_eq!(
+            (e.kind(), e.field()),
+            (ErrorKind::NotFound, Some("working_dir"))
+        );
+    }
+
+    #[test]
+    fn only_a_running_container_in_a_running_pod_is_ready() {
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            readiness(&pod("Running", running.clone())),
+            Readiness::Ready
+        );
+        assert_eq!(readiness(&pod("Pending", running)), Readiness::Pending);
+        assert!(matches!(
+            readiness(&Pod {
+                status: Some(PodStatus {
+                    phase: Some("Failed".into()),
+                    reason: Some("DeadlineExceeded".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            Readiness::Failed(m) if m.contains("DeadlineExceeded")
+        ));
+    }
+}
