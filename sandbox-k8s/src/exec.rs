@@ -179,10 +179,7 @@ pub(crate) async fn start(
         max_stdout_buf_size: Some(STREAM_BUF),
         max_stderr_buf_size: Some(STREAM_BUF),
     };
-    let mut process = pods
-        .exec(name, argv, &params)
-        .await
-        .map_err(|e| exec_error(name, e))?;
+    let mut process = pods.exec(name, argv, &params).await.map_err(exec_error)?;
     let mut stdin = process
         .stdin()
         .ok_or_else(|| Error::new(ErrorKind::Backend, "k8s: exec without stdin"))?;
@@ -219,7 +216,6 @@ pub(crate) async fn start(
         stdin.write_all(header.as_bytes()).await.map_err(|e| {
             Error::new(ErrorKind::Backend, "k8s: could not send the exec header")
                 .with_operation("exec")
-                .with("run", name)
                 .with_source(e)
         })?;
         Some(Box::pin(stdin))
@@ -253,8 +249,9 @@ type StatusFuture = std::pin::Pin<
     >,
 >;
 
-/// Maps a failure to start an exec: a pod that is gone or not running is a lost run.
-pub fn exec_error(pod: &str, e: kube::Error) -> Error {
+/// Maps a failure to start an exec: a pod that is gone or not running is a lost run. (Core
+/// adds the run id.)
+fn exec_error(e: kube::Error) -> Error {
     let lost = match &e {
         kube::Error::Api(status) => status.code == 404 || status.code == 400,
         kube::Error::UpgradeConnection(u) => {
@@ -266,10 +263,9 @@ pub fn exec_error(pod: &str, e: kube::Error) -> Error {
     if lost {
         Error::new(ErrorKind::RunLost, "the run's pod is gone or not running")
             .with_operation("exec")
-            .with("run", pod)
             .with_source(e)
     } else {
-        crate::error::map("exec", e).with("run", pod)
+        crate::error::map("exec", e)
     }
 }
 

@@ -145,7 +145,10 @@ impl K8sDriver {
     /// stay on the host). A no-op for runs without a host directory. Runs stopped with
     /// [`crate::K8sConfig::sync_workspace_on_stop`] set do this at stop.
     pub async fn sync_workspace_to_host(&self, run_id: &str) -> Result<()> {
-        let state = self.run_state(run_id).await?;
+        let state = self
+            .run_state(run_id)
+            .await
+            .map_err(|e| e.with("run", run_id))?;
         let Some(dir) = &state.host_dir else {
             return Ok(());
         };

@@ -64,7 +64,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use runcell_core::labels;
 use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
-use runcell_core::{ByteStream, Capabilities, Error, ErrorKind, Result, RunInfo};
+use runcell_core::{ByteStream, Capabilities, Error, ErrorKind, Progress, Result, RunInfo};
 
 pub use config::K8sConfig;
 pub use exec::{WRAPPER, header, sh_quote};
@@ -100,7 +100,6 @@ impl std::fmt::Debug for K8sDriver {
 
 /// What the driver needs of a run besides its id: from the plan at create, from the pod
 /// at attach (or when missing).
-#[derive(Default)]
 struct RunState {
     /// The run's env entries whose names are not shell identifiers (`-u`, `my.var`): the
     /// exec wrapper's shell drops them from what it passes on, so each exec gives them
@@ -193,8 +192,9 @@ impl K8sDriver {
             .remove(id);
     }
 
-    /// The run's state: kept since create or attach, else read from its pod. A pod that is
-    /// gone has an empty state (what it is used for then fails as a lost run).
+    /// The run's state: kept since create or attach, else read from its pod
+    /// ([`ErrorKind::RunLost`] when it is gone). Errors do not name the run: core adds it
+    /// to those of `exec_raw`.
     async fn run_state(&self, id: &str) -> Result<Arc<RunState>> {
         if let Some(state) = self.runs.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
             return Ok(state.clone());
@@ -203,9 +203,9 @@ impl K8sDriver {
             .pods()
             .get_opt(id)
             .await
-            .map_err(|e| error::map("get pod", e).with("run", id))?;
+            .map_err(|e| error::map("get pod", e))?;
         let Some(pod) = pod else {
-            return Ok(Arc::default());
+            return Err(Error::new(ErrorKind::RunLost, "the run's pod is gone"));
         };
         let state = Arc::new(RunState::from_pod(&pod));
         if pod.metadata.deletion_timestamp.is_none() {
@@ -256,11 +256,13 @@ impl Backend for K8sDriver {
             ),
         );
         if let Some(secret) = &secret {
+            plan.report(Progress::Step("creating the CA secret".into()));
             self.secrets()
                 .create(&PostParams::default(), secret)
                 .await
                 .map_err(|e| error::map("create CA secret", e).with("run", id))?;
         }
+        plan.report(Progress::Step("creating the pod".into()));
         let created = self
             .pods()
             .create(&PostParams::default(), &pod)
@@ -275,15 +277,16 @@ impl Backend for K8sDriver {
             let uid = created.metadata.uid.unwrap_or_default();
             self.adopt_secret(id, &uid).await?;
         }
-        self.wait_ready(id, &spec.image, spec.effective_working_dir())
-            .await
+        self.wait_ready(plan).await
     }
 
     async fn prepare_target(&self, plan: &Plan<'_>) -> Result<()> {
         if plan.ca_pem.is_some() {
+            plan.report(Progress::Step("installing the CA bundle".into()));
             self.install_ca(&plan.id).await?;
         }
         if let Some(dir) = &plan.spec.workspace.host_dir {
+            plan.report(Progress::Step("copying the workspace into the pod".into()));
             self.seed_workspace(&plan.id, dir, &plan.spec.workspace.path)
                 .await?;
         }

@@ -4,13 +4,15 @@
 //! typed error of each, with the pod's warning events; and what core is told of a pod that
 //! did not answer its liveness exec ([`K8sDriver::diagnose_pod`]).
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::wait::await_condition;
-use runcell_core::{Error, ErrorKind, Result};
+use runcell_core::raw::Plan;
+use runcell_core::{Error, ErrorKind, Progress, Result};
 
 use crate::{CONTAINER, K8sDriver, KEEPALIVE};
 
@@ -19,18 +21,32 @@ const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
 const STATUS_SETTLE: Duration = Duration::from_secs(3);
 
 impl K8sDriver {
-    /// Waits (watch, not poll) until the pod runs, or fails with what its status and events
-    /// say as soon as they say it cannot (an image that cannot be used, a keep-alive that
-    /// exited).
-    pub(crate) async fn wait_ready(&self, id: &str, image: &str, working_dir: &str) -> Result<()> {
+    /// Waits (watch, not poll) until the pod of `plan` runs, or fails with what its status
+    /// and events say as soon as they say it cannot (an image that cannot be used, a
+    /// keep-alive that exited). Each new waiting state is reported as progress.
+    pub(crate) async fn wait_ready(&self, plan: &Plan<'_>) -> Result<()> {
+        let (id, image) = (plan.id.as_str(), plan.spec.image.as_str());
+        let working_dir = plan.spec.effective_working_dir();
         let timeout = self.config.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT);
-        let cond =
-            |pod: Option<&Pod>| pod.is_none_or(|p| !matches!(readiness(p), Readiness::Pending));
-        let waited = tokio::time::timeout(
-            timeout,
-            kube::runtime::wait::await_condition(self.pods(), id, cond),
-        )
-        .await;
+        plan.report(Progress::Step("waiting for the pod to run".into()));
+        let reported = Mutex::new(None);
+        let cond = |pod: Option<&Pod>| {
+            let Some(pod) = pod else { return true };
+            if !matches!(readiness(pod), Readiness::Pending) {
+                return true;
+            }
+            let state = waiting_state(pod);
+            let mut reported = reported.lock().unwrap_or_else(|p| p.into_inner());
+            if reported.as_ref() != Some(&state) {
+                plan.report(Progress::Waiting {
+                    phase: state.0.clone(),
+                    reason: state.1.clone(),
+                });
+                *reported = Some(state);
+            }
+            false
+        };
+        let waited = tokio::time::timeout(timeout, await_condition(self.pods(), id, cond)).await;
         let pod = match waited {
             Ok(Ok(pod)) => pod,
             Ok(Err(e)) => {
@@ -71,14 +87,16 @@ impl K8sDriver {
         let stopped = |pod: Option<&Pod>| pod.is_none_or(|p| !is_ready(p));
         let settled =
             tokio::time::timeout(STATUS_SETTLE, await_condition(self.pods(), id, stopped)).await;
+        // `Some(None)`: the pod is gone; `None`: unknown (the API did not answer).
         let pod = match settled {
-            Ok(Ok(pod)) => pod,
-            _ => self.pods().get_opt(id).await.ok().flatten(),
+            Ok(Ok(pod)) => Some(pod),
+            _ => self.pods().get_opt(id).await.ok(),
         };
         let mut found = Vec::new();
         match &pod {
-            None => found.push(("pod", "deleted while starting".to_string())),
-            Some(pod) => {
+            None => {}
+            Some(None) => found.push(("pod", "deleted while starting".to_string())),
+            Some(Some(pod)) => {
                 let container = pod
                     .spec
                     .iter()
@@ -350,6 +368,41 @@ fn start_error(readiness: &Readiness, image: &str, working_dir: &str) -> Option<
     })
 }
 
+/// A pending pod's state for progress: the container's waiting reason (`ContainerCreating`,
+/// `ErrImagePull`) or the pod's phase, and the latest reason given.
+fn waiting_state(pod: &Pod) -> (String, Option<String>) {
+    let waiting = pod
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .find(|c| c.name == CONTAINER)
+        .and_then(|c| c.state.as_ref()?.waiting.as_ref());
+    if let Some(w) = waiting
+        && let Some(reason) = &w.reason
+    {
+        return (reason.clone(), w.message.clone().filter(|m| !m.is_empty()));
+    }
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_else(|| "Pending".into());
+    let condition = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .find(|c| c.status == "False" && c.reason.is_some())
+        .map(|c| {
+            format!(
+                "{} {}: {}",
+                c.type_,
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or("")
+            )
+        });
+    (phase, condition)
+}
+
 fn pending_reason(pod: &Pod) -> String {
     let Some(status) = &pod.status else {
         return "no status yet".into();
@@ -371,7 +424,7 @@ fn pending_reason(pod: &Pod) -> String {
 mod tests {
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-        ContainerStatus, PodStatus,
+        ContainerStatus, PodCondition, PodStatus,
     };
 
     use super::*;
@@ -497,6 +550,43 @@ mod tests {
         assert_eq!(
             (e.kind(), e.field()),
             (ErrorKind::NotFound, Some("working_dir"))
+        );
+    }
+
+    #[test]
+    fn progress_names_the_waiting_reason_or_the_phase_and_condition() {
+        assert_eq!(
+            waiting_state(&waiting("ContainerCreating", "")),
+            ("ContainerCreating".to_string(), None)
+        );
+        assert_eq!(
+            waiting_state(&waiting("ErrImagePull", "not present")),
+            ("ErrImagePull".to_string(), Some("not present".to_string()))
+        );
+        let unscheduled = Pod {
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("Unschedulable".into()),
+                    message: Some("0/1 nodes are available".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            waiting_state(&unscheduled),
+            (
+                "Pending".to_string(),
+                Some("PodScheduled Unschedulable: 0/1 nodes are available".to_string())
+            )
+        );
+        assert_eq!(
+            waiting_state(&Pod::default()),
+            ("Pending".to_string(), None)
         );
     }
 
