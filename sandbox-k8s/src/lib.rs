@@ -152,18 +152,6 @@ impl RunState {
     }
 }
 
-impl std::fmt::Debug for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Env names only: values may be secrets.
-        let names: Vec<&str> = self.odd_env.iter().map(|(n, _)| n.as_str()).collect();
-        f.debug_struct("RunState")
-            .field("odd_env", &names)
-            .field("host_dir", &self.host_dir)
-            .field("workspace", &self.workspace)
-            .finish()
-    }
-}
-
 impl K8sDriver {
     /// The namespace runs are created in.
     pub fn namespace(&self) -> &str {
@@ -178,11 +166,13 @@ impl K8sDriver {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    fn remember(&self, id: &str, state: RunState) {
+    fn remember(&self, id: &str, state: RunState) -> Arc<RunState> {
+        let state = Arc::new(state);
         self.runs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), Arc::new(state));
+            .insert(id.to_string(), state.clone());
+        state
     }
 
     fn forget(&self, id: &str) {
@@ -207,14 +197,12 @@ impl K8sDriver {
         let Some(pod) = pod else {
             return Err(Error::new(ErrorKind::RunLost, "the run's pod is gone"));
         };
-        let state = Arc::new(RunState::from_pod(&pod));
-        if pod.metadata.deletion_timestamp.is_none() {
-            self.runs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id.to_string(), state.clone());
-        }
-        Ok(state)
+        let state = RunState::from_pod(&pod);
+        Ok(if pod.metadata.deletion_timestamp.is_none() {
+            self.remember(id, state)
+        } else {
+            Arc::new(state)
+        })
     }
 }
 
