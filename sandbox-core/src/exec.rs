@@ -191,7 +191,7 @@ pub enum OutputChunk {
 
 /// What a driver provides for one started exec, besides its output and stdin.
 #[async_trait]
-pub trait ExecControl: Send + Sync + 'static {
+pub(crate) trait ExecControl: Send + Sync + 'static {
     /// The exit status, called once the output stream has ended.
     async fn status(&self) -> Result<ExitStatus>;
     /// Kills every process of this exec (TERM, a short grace, then KILL).
@@ -244,7 +244,7 @@ impl ExecStream {
     /// `output` yields the demultiplexed chunks until the process's streams close;
     /// `stdin` is the sink feeding the process (shut down for EOF), `None` when the driver
     /// opened no stdin.
-    pub fn spawn(
+    pub(crate) fn spawn(
         spec: &ExecSpec,
         output: BoxStream<'static, std::io::Result<OutputChunk>>,
         stdin: Option<Pin<Box<dyn AsyncWrite + Send>>>,

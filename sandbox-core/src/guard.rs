@@ -16,10 +16,10 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::run::Run;
 
 /// Removes a half-created run when the future of [`crate::Driver::create`] is dropped (cancelled)
-/// before it finished, and lets [`stop_runs_on_signal`] remove it too. Drivers arm it
-/// before their first backend call and disarm it once the run is handed out (or removed
+/// before it finished, and lets [`stop_runs_on_signal`] remove it too. Core arms it
+/// before the first backend call and disarms it once the run is handed out (or removed
 /// on an error path).
-pub struct CreateGuard {
+pub(crate) struct CreateGuard {
     remove: Option<Remover>,
     key: u64,
 }

@@ -47,15 +47,14 @@ mod spec;
 pub use capabilities::{Capabilities, is_numeric_user};
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{
-    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecControl, ExecOutput, ExecStream, ExitStatus,
-    KILL_SCRIPT, OutputChunk, StdinWriter,
+    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecOutput, ExecStream, ExitStatus, OutputChunk, StdinWriter,
 };
 pub use files::{ByteStream, FileReader};
-pub use guard::{CreateGuard, RunGuard, stop_guarded_runs, stop_runs_on_signal};
+pub use guard::{RunGuard, stop_guarded_runs, stop_runs_on_signal};
 pub use progress::{CreateOptions, Progress, ProgressFn};
 pub use reap::{ReapReason, reap};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
-pub use run::{Driver, DriverExt, Run, RunExt, RunInfo, new_run_id, prepare, run_post_create};
+pub use run::{Driver, DriverExt, Run, RunExt, RunInfo};
 pub use spec::{
     DEFAULT_WORKSPACE_PATH, ExecSpec, Network, Proxy, PullPolicy, Resources, RunSpec, Security,
     Stdin, Workspace,

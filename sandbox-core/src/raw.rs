@@ -31,13 +31,15 @@ use tokio::io::AsyncWrite;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
-use crate::exec::{EXEC_ID_ENV, ExecControl, ExecStream, ExitStatus, KILL_SCRIPT, OutputChunk};
+use crate::exec::{ExecControl, ExecStream, ExitStatus, OutputChunk};
 use crate::files::{self, ByteStream};
 use crate::guard::CreateGuard;
 use crate::labels::{self, Owner};
 use crate::progress::{CreateOptions, Progress, ProgressFn};
 use crate::run::{Driver, Run, RunExt, RunInfo};
 use crate::spec::{ExecSpec, RunSpec, Stdin};
+
+pub use crate::exec::{EXEC_ID_ENV, KILL_SCRIPT};
 
 /// The target's only process: it keeps the target alive and does nothing else (the
 /// image's ENTRYPOINT and CMD never run).
@@ -97,6 +99,23 @@ pub struct RawExec {
     /// What the command reads: core feeds [`RawProcess::stdin`] with it when the backend
     /// returns a sink; a backend that cannot stream may deliver `Stdin::Bytes` itself.
     pub stdin: Stdin,
+}
+
+impl RawExec {
+    /// A raw exec of `argv` with nothing else set (for a backend's own tests).
+    pub fn new<I, S>(argv: I) -> RawExec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RawExec {
+            argv: argv.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
+            working_dir: None,
+            user: None,
+            stdin: Stdin::Null,
+        }
+    }
 }
 
 /// A started raw exec.
@@ -207,7 +226,7 @@ impl<B: Backend> Driver for B {
             .as_deref()
             .map(crate::ca::parse_certificates)
             .transpose()?;
-        let id = crate::new_run_id();
+        let id = crate::run::new_run_id();
         let span =
             tracing::debug_span!("run.create", driver = B::NAME, run = %id, image = %spec.image);
         let plan = Plan {
@@ -301,8 +320,11 @@ async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
             let mut e = failed(format!(
                 "the sandbox did not answer an exec (`sh -c :` {}; the library needs a POSIX sh and a keep-alive that stays up)",
                 out.status
-            ))
-            .with("stderr", out.stderr_str().trim());
+            ));
+            let stderr = out.stderr_str();
+            if !stderr.trim().is_empty() {
+                e = e.with("stderr", stderr.trim());
+            }
             for (k, v) in run.backend.diagnose(&run.id).await {
                 e = e.with(k, v);
             }

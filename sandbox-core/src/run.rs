@@ -24,7 +24,7 @@ pub trait Driver: Send + Sync + fmt::Debug + 'static {
     /// What this driver supports.
     fn capabilities(&self) -> Capabilities;
 
-    /// Creates a run: validates `spec` (see [`prepare`]), creates the target, waits until
+    /// Creates a run: validates `spec` (and checks it against the capabilities), creates the target, waits until
     /// it is ready, sets up CA and workspace, runs the post-create commands. On any
     /// failure nothing is left behind.
     async fn create(&self, spec: &RunSpec) -> Result<Box<dyn Run>> {
@@ -134,7 +134,7 @@ impl<T: Run + ?Sized> RunExt for T {}
 /// Runs the spec's post-create commands in order, with the run's env and directory.
 /// The first failure is [`ErrorKind::PostCreateFailed`] with its status and the tails of
 /// its output; the caller then removes the run.
-pub async fn run_post_create(run: &dyn Run, spec: &RunSpec) -> Result<()> {
+pub(crate) async fn run_post_create(run: &dyn Run, spec: &RunSpec) -> Result<()> {
     const TAIL: usize = 4096;
     let tail = |b: &[u8]| String::from_utf8_lossy(&b[b.len().saturating_sub(TAIL)..]).into_owned();
     for (i, argv) in spec.post_create.iter().enumerate() {
@@ -177,16 +177,9 @@ pub trait DriverExt: Driver {
 
 impl<T: Driver + ?Sized> DriverExt for T {}
 
-/// What drivers call first in [`Driver::create`]: validates the spec and checks it
-/// against the capabilities, before anything is created.
-pub fn prepare(spec: &RunSpec, capabilities: &Capabilities) -> Result<()> {
-    spec.validate()?;
-    capabilities.check(spec)
-}
-
 /// A fresh run id: `sbx-` and 12 hex digits, valid as a container name and a
 /// Kubernetes object name.
-pub fn new_run_id() -> String {
+pub(crate) fn new_run_id() -> String {
     format!("sbx-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
 }
 

@@ -124,7 +124,7 @@ fn prop_assert_ok(status: &crate::ExitStatus) {
 struct Done;
 
 #[async_trait::async_trait]
-impl crate::ExecControl for Done {
+impl crate::exec::ExecControl for Done {
     async fn status(&self) -> crate::Result<crate::ExitStatus> {
         Ok(crate::ExitStatus::Exited(0))
     }
