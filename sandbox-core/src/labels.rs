@@ -191,6 +191,24 @@ fn hostname() -> String {
     }
 }
 
+/// The labels a run with `spec`'s labels and TTL gets, with a fixed run id
+/// (`sbx-000000000001`), owner and expiry: for snapshot tests of what a backend sends.
+pub fn fixed_for_snapshots(
+    user: &BTreeMap<String, String>,
+    ttl: Option<Duration>,
+) -> BTreeMap<String, String> {
+    let owner = Owner {
+        host: "host-1".into(),
+        pid: 4242,
+        start: 777,
+    };
+    let mut labels = run_labels("sbx-000000000001", Some(&owner), None, user);
+    if ttl.is_some() {
+        labels.insert(EXPIRES_AT.into(), "1900000000".into());
+    }
+    labels
+}
+
 /// The owner host recorded when the host name cannot be read.
 const UNKNOWN_HOST: &str = "unknown";
 

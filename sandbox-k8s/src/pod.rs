@@ -258,22 +258,12 @@ fn parse_user(user: &str) -> Result<(Option<i64>, Option<i64>)> {
 mod tests {
     use std::time::Duration;
 
-    use runcell_core::labels::{Owner, run_labels};
     use runcell_core::{ErrorKind, Proxy};
 
     use super::*;
 
     fn labels(spec: &RunSpec) -> BTreeMap<String, String> {
-        let owner = Owner {
-            host: "host-1".into(),
-            pid: 4242,
-            start: 777,
-        };
-        let mut l = run_labels("sbx-000000000001", Some(&owner), None, &spec.labels);
-        if spec.ttl.is_some() {
-            l.insert(runcell_core::labels::EXPIRES_AT.into(), "1900000000".into());
-        }
-        l
+        runcell_core::labels::fixed_for_snapshots(&spec.labels, spec.ttl)
     }
 
     #[test]
