@@ -11,8 +11,10 @@ use runcell_core::{Driver, DriverConfig, Error, ErrorKind, Result};
 
 use crate::{K8sDriver, PodTemplate};
 
-/// Driver settings beyond the cluster connection.
+/// Driver settings beyond the cluster connection. Built with [`K8sConfig::default`] and
+/// its setters (it will grow).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct K8sConfig {
     /// Namespace of the runs; default: the kubeconfig's (or `default`).
     pub namespace: Option<String>,
@@ -26,6 +28,38 @@ pub struct K8sConfig {
     /// on newer ones: stdin is framed instead of closed, and `Stdin::Piped` is unsupported.
     /// Older servers get it automatically.
     pub exec_v4_compatible: bool,
+}
+
+impl K8sConfig {
+    /// Sets the namespace of the runs.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Sets the pod-level settings.
+    pub fn template(mut self, template: PodTemplate) -> Self {
+        self.template = template;
+        self
+    }
+
+    /// Sets how long a pod may take to run.
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = Some(timeout);
+        self
+    }
+
+    /// Copies the workspace back into the host directory when a run stops.
+    pub fn sync_workspace_on_stop(mut self, on: bool) -> Self {
+        self.sync_workspace_on_stop = on;
+        self
+    }
+
+    /// Uses the exec path for API servers before 1.30 (see the field).
+    pub fn exec_v4_compatible(mut self, on: bool) -> Self {
+        self.exec_v4_compatible = on;
+        self
+    }
 }
 
 impl K8sDriver {

@@ -1,6 +1,19 @@
-//! Kubernetes driver for `sandbox`: one pod per run whose container only runs
+//! Kubernetes driver for runcell: one pod per run whose container only runs
 //! `sleep infinity`, every tool call an exec over the API's websocket (kube-rs, never
 //! `kubectl`).
+//!
+//! ```no_run
+//! use runcell_core::prelude::*;
+//! use runcell_k8s::{K8sConfig, K8sDriver};
+//!
+//! # async fn demo() -> runcell_core::Result<()> {
+//! let driver = K8sDriver::connect(K8sConfig::default().namespace("agents")).await?;
+//! let run = driver.start(&RunSpec::new("python:3.12-slim")).await?;
+//! let out = run.exec(ExecSpec::new(["python", "-V"]).env("PYTHONUNBUFFERED", "1")).await?;
+//! println!("{}", out.stdout_str());
+//! run.stop().await?;
+//! # Ok(()) }
+//! ```
 //!
 //! Connect directly with [`K8sDriver::connect`], or through the registry as `k8s`
 //! (config from `SANDBOX_K8S_*`: `namespace`, `runtime_class`, `node_selector`
