@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
-use runcell_core::{Error, ErrorKind, ExecSpec, Result};
+use runcell_core::{Error, ErrorKind, ExecSpec, Result, ca};
 
 use crate::{K8sDriver, ca_secret_name, error};
 
@@ -18,20 +18,46 @@ const CA_SETUP_OUTPUT: usize = 64 << 10;
 
 /// Builds the CA files from the mounted Secret: the CA alone, the full bundle (system
 /// roots first) and, where the image's system bundle is writable, the system bundle too.
+/// Arguments (core's constants, so that no path is written twice): the mounted CA, the CA
+/// file, the bundle file, the `update-ca-certificates` source, then the system bundles to
+/// look for.
 const CA_SETUP: &str = r#"
 set -e
-ca=/etc/sandbox-ca/ca.pem
+ca="$1"; ca_file="$2"; bundle_file="$3"; extra="$4"; shift 4
 sys=""
-for f in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem; do
+for f in "$@"; do
   if [ -f "$f" ] && [ ! -L "$f" ]; then sys="$f"; break; fi
 done
-cat "$ca" > /etc/sandbox/ca.pem
-{ if [ -n "$sys" ]; then cat "$sys"; echo; fi; cat "$ca"; } | sed '/^$/d' > /etc/sandbox/ca-bundle.pem
+cat "$ca" > "$ca_file"
+{ if [ -n "$sys" ]; then cat "$sys"; echo; fi; cat "$ca"; } | sed '/^$/d' > "$bundle_file"
 # The system store only where it is writable (not under a read-only root, not as non-root).
-if [ -n "$sys" ] && (cat /etc/sandbox/ca-bundle.pem > "$sys") 2>/dev/null; then
-  { mkdir -p /usr/local/share/ca-certificates && cat "$ca" > /usr/local/share/ca-certificates/sandbox-ca.crt; } 2>/dev/null || true
+if [ -n "$sys" ] && (cat "$bundle_file" > "$sys") 2>/dev/null; then
+  { mkdir -p "$(dirname "$extra")" && cat "$ca" > "$extra"; } 2>/dev/null || true
 fi
 "#;
+
+/// The CA setup exec's argv.
+fn ca_setup_argv() -> Vec<String> {
+    let mounted = format!(
+        "{}/{}",
+        crate::pod::CA_SECRET_MOUNT,
+        crate::pod::CA_SECRET_KEY
+    );
+    let mut argv: Vec<String> = [
+        "sh",
+        "-c",
+        CA_SETUP,
+        "runcell-ca-setup",
+        &mounted,
+        ca::CA_FILE,
+        ca::BUNDLE_FILE,
+        ca::SYSTEM_EXTRA_DIR_FILE,
+    ]
+    .map(String::from)
+    .to_vec();
+    argv.extend(ca::SYSTEM_BUNDLES.map(String::from));
+    argv
+}
 
 impl K8sDriver {
     /// Makes the CA Secret owned by the pod, so garbage collection removes it with the pod
@@ -58,7 +84,7 @@ impl K8sDriver {
 
     /// Assembles the CA files in the running pod (an exec through core, bounded).
     pub(crate) async fn install_ca(&self, id: &str) -> Result<()> {
-        let setup = ExecSpec::new(["sh", "-c", CA_SETUP])
+        let setup = ExecSpec::new(ca_setup_argv())
             .working_dir("/")
             .timeout(CA_SETUP_BOUND);
         let out = runcell_core::raw::exec_in(self, id, setup)

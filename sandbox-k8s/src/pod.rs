@@ -20,6 +20,8 @@ pub const CONTAINER: &str = "sandbox";
 pub use runcell_core::raw::KEEPALIVE;
 /// Where the CA Secret is mounted (read-only); the bundle is built from it into [`ca::DIR`].
 pub const CA_SECRET_MOUNT: &str = "/etc/sandbox-ca";
+/// The key of the CA Secret, so the file's name under [`CA_SECRET_MOUNT`].
+pub const CA_SECRET_KEY: &str = "ca.pem";
 /// The pod annotation that records the run's host workspace directory.
 pub const HOST_DIR_ANNOTATION: &str = "sandbox.dev/host-dir";
 /// Grace period of the pod: PID 1 is `sleep`, which ignores SIGTERM.
@@ -87,7 +89,7 @@ pub fn run_objects(
             ..Default::default()
         },
         data: Some(BTreeMap::from([(
-            "ca.pem".to_string(),
+            CA_SECRET_KEY.to_string(),
             ByteString(pem.as_bytes().to_vec()),
         )])),
         type_: Some("Opaque".into()),
