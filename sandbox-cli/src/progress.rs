@@ -67,15 +67,16 @@ impl View {
         }
     }
 
-    /// Removes the bars (the create is over).
+    /// The create is over: the bars stay on screen as they ended.
     pub fn finish(&self) {
         let mut mode = self.mode.lock().unwrap_or_else(|p| p.into_inner());
-        if let Mode::Bars { multi, bars } = &mut *mode {
+        if let Mode::Bars { bars, .. } = &mut *mode {
             for bar in bars.values() {
-                bar.finish_and_clear();
+                if !bar.is_finished() {
+                    bar.abandon();
+                }
             }
             bars.clear();
-            let _ = multi.clear();
         }
     }
 }
@@ -101,7 +102,7 @@ fn plain(last: &mut HashMap<String, (String, Instant)>, event: Progress) {
             current,
             total,
         } => {
-            if layer.is_empty() {
+            if layer.is_empty() || status.starts_with("Pulling from") {
                 eprintln!("pull {image}: {status}");
                 return;
             }
@@ -132,7 +133,7 @@ fn bar(multi: &MultiProgress, bars: &mut HashMap<String, ProgressBar>, event: Pr
             current,
             total,
         } => {
-            if layer.is_empty() {
+            if layer.is_empty() || status.starts_with("Pulling from") {
                 let _ = multi.println(format!("pull {image}: {status}"));
                 return;
             }
