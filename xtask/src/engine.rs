@@ -14,6 +14,65 @@ fn docker_answers() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg")
+        .args(["-s", package])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// What the demo needs on the machine: the Docker engine and CLI, and a static busybox
+/// for the test image. On Debian as root, installs what is missing with apt-get (saying
+/// what); elsewhere says exactly what to install.
+pub fn ensure_packages() -> Result<()> {
+    let has_docker = Command::new("docker").arg("--version").output().is_ok()
+        && ["/usr/sbin/dockerd", "/usr/bin/dockerd"]
+            .iter()
+            .any(|p| std::path::Path::new(p).exists());
+    let mut need = Vec::new();
+    if !has_docker && !docker_answers() {
+        need.push("docker.io");
+    }
+    if !installed("busybox-static") {
+        need.push("busybox-static");
+    }
+    if need.is_empty() {
+        return Ok(());
+    }
+    let apt = std::path::Path::new("/usr/bin/apt-get").exists();
+    if !(apt && is_root()) {
+        bail!(
+            "missing: {}. Install them: `sudo apt-get install {}` on Debian or Ubuntu;              elsewhere the Docker engine and CLI, and a statically linked busybox at /bin/busybox",
+            need.join(", "),
+            need.join(" ")
+        );
+    }
+    eprintln!("installing {} with apt-get", need.join(" "));
+    let update = Command::new("apt-get").args(["update", "-qq"]).status()?;
+    if !update.success() {
+        bail!("apt-get update failed: {update}");
+    }
+    let install = Command::new("apt-get")
+        .args(["install", "-y", "-qq"])
+        .args(&need)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()?;
+    if !install.success() {
+        bail!("apt-get install {} failed: {install}", need.join(" "));
+    }
+    eprintln!("installed {}", need.join(" "));
+    Ok(())
+}
+
 /// Makes sure a Docker engine answers: starts `dockerd` if it is installed and we are
 /// root, otherwise says exactly what is missing.
 pub fn ensure_docker() -> Result<()> {

@@ -2,6 +2,7 @@
 //! tasks drive `cargo`, the `docker` CLI and the test-cluster scripts.
 #![forbid(unsafe_code)]
 
+mod demo;
 mod engine;
 mod images;
 mod k8s;
@@ -21,7 +22,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Start a run, exec into it several times, show workspace and env persisting, stop it.
+    /// The main job through the `sandbox` CLI: start a run, exec into it several times
+    /// (workspace and env persist), pipe stdin, exit codes, cp, stop, a one-shot run.
+    /// Installs docker.io and busybox-static first when missing (Debian, as root).
     Demo,
     /// Measure exec into a long-lived run against a fresh container per call (ratio).
     Bench,
@@ -60,19 +63,11 @@ enum Task {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Demo => {
+            engine::ensure_packages()?;
             engine::ensure_docker()?;
             images::build()?;
-            cargo(
-                &[
-                    "run",
-                    "--quiet",
-                    "-p",
-                    "runcell-docker",
-                    "--example",
-                    "demo",
-                ],
-                &[],
-            )
+            cargo(&["build", "--quiet", "-p", "runcell-cli"], &[])?;
+            demo::run()
         }
         Task::Bench => {
             engine::ensure_docker()?;
@@ -148,10 +143,11 @@ fn main() -> Result<()> {
                 ],
                 &[],
             )?;
-            // The suite runs per driver below; its binaries only say so here.
+            // The suite runs per driver below; its binaries only say so here. The CLI's
+            // Docker tests run here (their runs carry the session label).
             cargo(
                 &["test", "--workspace", "--quiet"],
-                &[("SANDBOX_TEST", "none")],
+                &[("SANDBOX_TEST", "none"), (SESSION_ENV, session.as_str())],
             )?;
             let ours = SuiteTarget::Package("runcell-conformance".into());
             conformance("docker", &ours, &[], &session_env)?;
@@ -185,6 +181,15 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
         &[
             ("KUBECONFIG", restricted.into()),
             (SESSION_ENV, session.into()),
+        ],
+    )?;
+    // The `sandbox` CLI on the cluster, as the same restricted ServiceAccount.
+    cargo(
+        &["test", "--quiet", "-p", "runcell-cli", "--test", "k8s"],
+        &[
+            ("KUBECONFIG", restricted),
+            ("SANDBOX_TEST", "k8s"),
+            (SESSION_ENV, session),
         ],
     )?;
     // Again on the exec path for API servers without v5.channel.k8s.io (before 1.30).
