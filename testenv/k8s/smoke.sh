@@ -149,7 +149,7 @@ t_missing_image() {
   waiting_reason() {
     local r
     r=$(kn get pod noimage -o 'jsonpath={.status.containerStatuses[0].state.waiting.reason}')
-    [[ $r == ErrImagePull || $r == ImagePullBackOff ]] &&
+    [[ $r == ErrImagePull || $r == ImagePullBackOff || $r == ErrImageNeverPull ]] &&
       kn get pod noimage -o 'jsonpath={.status.containerStatuses[0].state.waiting.message}' | grep -q no-such-image
   }
   poll 30 waiting_reason || { kn get pod noimage -o 'jsonpath={.status}'; return 1; }
@@ -181,7 +181,7 @@ check "exec keeps stdout and stderr apart" t_exec_streams_apart
 check "PID 1 reaps orphaned children" t_pid1_reaps
 check "deleting the pod removes its Docker container" t_delete_removes_container
 check "activeDeadlineSeconds: 5 ends Failed/DeadlineExceeded" t_deadline_exceeded
-check "missing image reports ErrImagePull/ImagePullBackOff" t_missing_image
+check "missing image reports ErrImageNeverPull (pull policy Never) or ErrImagePull/ImagePullBackOff" t_missing_image
 check "namespace deletion completes and removes containers" t_namespace_delete
 
 echo "$passed passed, $failed failed"
