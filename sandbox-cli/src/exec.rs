@@ -186,19 +186,30 @@ exit 0"#;
     eprintln!("sandbox: the interrupted command's processes were still there after {KILL_WAIT:?}");
 }
 
-struct Signals {
+/// SIGINT and SIGTERM, handled here instead of ending the process.
+pub struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn new() -> Result<Signals, Failure> {
+    pub fn new() -> Result<Signals, Failure> {
         use tokio::signal::unix::{SignalKind, signal};
         let err = |e: std::io::Error| Failure::usage(format!("cannot handle signals: {e}"));
         Ok(Signals {
             int: signal(SignalKind::interrupt()).map_err(err)?,
             term: signal(SignalKind::terminate()).map_err(err)?,
         })
+    }
+}
+
+impl Signals {
+    /// The next signal, as the exit code it calls for (130 or 143).
+    pub async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => 130,
+            _ = self.term.recv() => 143,
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 use runcell_core::labels::{self, Owner};
-use runcell_core::{Driver, DriverExt, ExecSpec, ReapReason, RunInfo};
+use runcell_core::{CreateOptions, Driver, ExecSpec, ReapReason, RunGuard, RunInfo};
 // The built-in drivers: linked so that the registry finds them by name.
 use runcell_docker as _;
 use runcell_k8s as _;
@@ -251,15 +251,14 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             // The spec first: a bad one is reported before anything is contacted.
             let (spec, source) = spec::build(spec, Some(START_DEFAULT_TTL))?;
             let driver = connect(g).await?;
-            // Ctrl-C during the create removes what was made so far.
-            handle_signals()?;
             let view = progress::View::new(g.quiet);
-            let created = driver
-                .create_with(&spec, view.options().detached(true))
-                .await;
+            let created = create(&*driver, spec, view.options().detached(true)).await?;
             view.finish();
-            yield_to_signal_handler().await;
-            let run = created.map_err(|e| placed(e, &source))?;
+            let run = match created {
+                Created::Run(run) => run,
+                Created::Interrupted(code) => return Ok(code),
+                Created::Failed(e) => return Err(placed(e, &source)),
+            };
             println!("{}", run.id());
             Ok(0)
         }
@@ -281,14 +280,16 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Command::Run { spec, exec: args } => {
             let (spec, source) = spec::build(spec, None)?;
             let driver = connect(g).await?;
-            // Ctrl-C or SIGTERM: the run (or its half-made target) is removed, then exit
-            // 130/143.
-            handle_signals()?;
             let view = progress::View::new(g.quiet);
-            let started = driver.start_with(&spec, view.options()).await;
+            let created = create(&*driver, spec, view.options()).await?;
             view.finish();
-            yield_to_signal_handler().await;
-            let run = started.map_err(|e| placed(e, &source))?;
+            let run = match created {
+                Created::Run(run) => RunGuard::new(run),
+                Created::Interrupted(code) => return Ok(code),
+                Created::Failed(e) => return Err(placed(e, &source)),
+            };
+            // From here Ctrl-C or SIGTERM stops the guarded run, then exits 130/143.
+            handle_signals()?;
             let options = exec::Options {
                 forward_stdin: !args.no_stdin,
                 interruptible: false,
@@ -385,6 +386,67 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             }
         }
     }
+}
+
+/// A label on every run this command line creates, unique to the invocation: after an
+/// interrupted create, what a request still in flight made is found by it and removed.
+const CREATE_LABEL: &str = "sandbox.cli/create";
+
+/// How long an interrupted create looks for what a request in flight may still make.
+const CREATE_SWEEP: Duration = Duration::from_secs(2);
+
+enum Created {
+    Run(Box<dyn runcell_core::Run>),
+    /// SIGINT/SIGTERM arrived during the create; nothing is left. The exit code.
+    Interrupted(i32),
+    Failed(runcell_core::Error),
+}
+
+/// Creates a run; SIGINT or SIGTERM meanwhile cancels the create (its guard removes
+/// what it made) and then removes, for a moment longer, whatever carries this
+/// invocation's label (a create request already at the engine finishes after the
+/// cancel).
+async fn create(
+    driver: &dyn Driver,
+    mut spec: runcell_core::RunSpec,
+    options: CreateOptions,
+) -> Result<Created, Failure> {
+    let token = format!("{:x}-{}", now_nanos(), std::process::id());
+    spec.labels.insert(CREATE_LABEL.into(), token.clone());
+    let mut signals = exec::Signals::new()?;
+    let code = tokio::select! {
+        created = driver.create_with(&spec, options) => {
+            return Ok(match created {
+                Ok(run) => Created::Run(run),
+                Err(e) => Created::Failed(e),
+            });
+        }
+        code = signals.recv() => code,
+    };
+    // The create future is dropped: its guard has removed what it knew of.
+    eprintln!("sandbox: interrupted: removing what the create made");
+    let selector = BTreeMap::from([(CREATE_LABEL.to_string(), token)]);
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(runs) = driver.list(&selector).await {
+            for run in runs {
+                if let Err(e) = driver.remove(&run.id).await {
+                    eprintln!("sandbox: could not remove {}: {e}", run.id);
+                }
+            }
+        }
+        if start.elapsed() >= CREATE_SWEEP {
+            return Ok(Created::Interrupted(code));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }
 
 /// Set once SIGINT or SIGTERM arrived.
@@ -493,7 +555,7 @@ fn expires_text(run: &RunInfo, now: u64) -> String {
 fn user_labels(run: &RunInfo) -> String {
     run.labels
         .iter()
-        .filter(|(k, _)| !k.starts_with(labels::PREFIX))
+        .filter(|(k, _)| !k.starts_with(labels::PREFIX) && k.as_str() != CREATE_LABEL)
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",")

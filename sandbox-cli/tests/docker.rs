@@ -286,25 +286,51 @@ fn gc_removes_the_run_of_a_killed_owner() {
 #[test]
 fn sigint_during_run_leaves_nothing() {
     let Some(sb) = sandbox("sigint") else { return };
-    for phase in ["exec", "create"] {
-        let mut child = sb
-            .run_cmd(&[], &["sleep", "1000"])
+    for phase in ["exec", "create", "start"] {
+        let mut command = if phase == "start" {
+            let image = common::image();
+            let mut args = vec!["start", "--image", image.as_str()];
+            let labels = sb.labels();
+            args.extend(labels.iter().map(String::as_str));
+            sb.cmd(&args)
+        } else {
+            sb.run_cmd(&[], &["sleep", "1000"])
+        };
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Progress lines tell where the create is; the rest is drained until the end.
+        let drain = std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
         match phase {
             // Once the command runs.
             "exec" => assert!(
                 eventually(Duration::from_secs(60), || sb.runs().len() == 1),
                 "the run never showed"
             ),
-            // While the container is being made.
-            _ => std::thread::sleep(Duration::from_millis(150)),
+            // While the container is being made, by `run` or `start`.
+            _ => loop {
+                let line = rx.recv_timeout(Duration::from_secs(60)).expect("progress");
+                if line.contains("creating the container") {
+                    break;
+                }
+            },
         }
         signal(child.id(), "INT");
         let started = Instant::now();
         let status = child.wait().unwrap();
+        drain.join().unwrap();
         assert_eq!(status.code(), Some(130), "{phase}");
         assert!(started.elapsed() < Duration::from_secs(30), "{phase}");
         assert_eq!(sb.runs(), Vec::<String>::new(), "{phase}: a run was left");
