@@ -1,8 +1,9 @@
 //! The main job: start a run, exec several commands into it, show that the workspace and
 //! environment persist across execs, stop it, and show that nothing is left.
 //!
-//! `cargo xtask demo` (builds the test image first), or
-//! `cargo run -p runcell-docker --example demo -- [IMAGE]`.
+//! The same job as `cargo xtask demo` (which goes through the `sandbox` CLI), written
+//! against the library: `cargo run -p runcell-docker --example demo -- [IMAGE]` after
+//! `cargo xtask test-images`; `RUST_LOG=debug` shows the library's spans.
 
 use std::collections::BTreeMap;
 
