@@ -42,7 +42,13 @@ pub fn ensure_packages() -> Result<()> {
     if !has_docker && !docker_answers() {
         need.push("docker.io");
     }
-    if !installed("busybox-static") {
+    // Debian's package where dpkg is; elsewhere a busybox at the path the image takes.
+    let has_busybox = if std::path::Path::new("/usr/bin/dpkg").exists() {
+        installed("busybox-static")
+    } else {
+        std::path::Path::new("/bin/busybox").exists()
+    };
+    if !has_busybox {
         need.push("busybox-static");
     }
     if need.is_empty() {
