@@ -32,6 +32,7 @@
 
 pub mod ca;
 mod capabilities;
+pub mod devcontainer;
 mod error;
 mod exec;
 pub mod files;

@@ -5,6 +5,7 @@ use runcell_core::Capabilities;
 use crate::{Case, Context};
 
 mod capabilities;
+mod devcontainer;
 mod env;
 mod exec;
 mod files;
@@ -14,6 +15,7 @@ mod robustness;
 mod workspace;
 
 pub use capabilities::*;
+pub use devcontainer::*;
 pub use env::*;
 pub use exec::*;
 pub use files::*;
@@ -61,6 +63,8 @@ pub static CASES: &[Case] = &[
     case!(read_only_root_with_ca, |c| c.read_only_rootfs),
     case!(post_create_effects_are_visible),
     case!(failing_post_create_leaves_nothing),
+    case!(devcontainer_spec_starts_and_is_used, |c| c.workspace_mount
+        || c.workspace_seed),
     case!(exit_codes_are_distinct),
     case!(missing_program_reports_on_stderr),
     case!(exec_working_dir_and_user_are_checked),
