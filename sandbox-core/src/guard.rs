@@ -70,7 +70,7 @@ impl Drop for CreateGuard {
         // Once more a little later, in case a create request was still in flight.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                tokio::time::sleep(CREATE_RETRY_DELAY).await;
                 if let Err(e) = remove().await {
                     tracing::error!("could not remove a cancelled run: {e}");
                 }
@@ -91,6 +91,9 @@ pub struct RunGuard {
     /// Set once [`RunGuard::stop`] succeeded: the drop has nothing left to do.
     stopped: std::sync::atomic::AtomicBool,
 }
+
+/// When a cancelled create's removal is repeated, for a request that was still in flight.
+const CREATE_RETRY_DELAY: Duration = Duration::from_secs(2);
 
 /// How long a drop may block on stopping the run.
 const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -182,7 +185,17 @@ pub async fn stop_guarded_runs() {
                     Box::pin(async move { run.stop().await });
                 stop
             }),
-            Guarded::Creating(remove) => Some(remove()),
+            // At once, and again a little later: a create request still in flight may make
+            // its target after the first removal (as in `CreateGuard::drop`).
+            Guarded::Creating(remove) => {
+                let remove = remove.clone();
+                let twice: BoxFuture<'static, Result<()>> = Box::pin(async move {
+                    let first = remove().await;
+                    tokio::time::sleep(CREATE_RETRY_DELAY).await;
+                    remove().await.and(first)
+                });
+                Some(twice)
+            }
         })
         .collect();
     let stops = stops.into_iter().map(|stop| async move {

@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::Result;
 use crate::labels::{self, Owner};
-use crate::run::Driver;
+use crate::run::{Driver, RunInfo};
 
 /// Why [`reap`] removed a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +17,27 @@ pub enum ReapReason {
     OwnerGone,
     /// Its target is no longer running.
     NotRunning,
+}
+
+impl ReapReason {
+    /// Why [`reap`] would remove `run` at `now` (seconds since the epoch), `None` if it
+    /// keeps it: the decision alone, for a dry run.
+    pub fn of(run: &RunInfo, now: u64) -> Option<ReapReason> {
+        let expired = run
+            .labels
+            .get(labels::EXPIRES_AT)
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|at| at <= now);
+        if expired {
+            Some(ReapReason::Expired)
+        } else if Owner::from_labels(&run.labels).and_then(|o| o.is_alive()) == Some(false) {
+            Some(ReapReason::OwnerGone)
+        } else if !run.running {
+            Some(ReapReason::NotRunning)
+        } else {
+            None
+        }
+    }
 }
 
 /// Removes the managed runs matching `selector` (empty: all) that nobody can use any more:
@@ -40,18 +61,7 @@ pub async fn reap(
     let mut reaped = Vec::new();
     let mut first_error = None;
     for run in driver.list(&selector).await? {
-        let expired = run
-            .labels
-            .get(labels::EXPIRES_AT)
-            .and_then(|v| v.parse::<u64>().ok())
-            .is_some_and(|at| at <= now);
-        let reason = if expired {
-            ReapReason::Expired
-        } else if Owner::from_labels(&run.labels).and_then(|o| o.is_alive()) == Some(false) {
-            ReapReason::OwnerGone
-        } else if !run.running {
-            ReapReason::NotRunning
-        } else {
+        let Some(reason) = ReapReason::of(&run, now) else {
             continue;
         };
         // One failure must not keep the others alive: go on, report the first at the end.

@@ -35,6 +35,7 @@ pub use workspace::{DEFAULT_WORKSPACE_PATH, Workspace};
 /// Everything a run is created from. `Debug` shows env names but not their values, and
 /// hides proxy credentials.
 #[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RunSpec {
     /// The image reference. Its ENTRYPOINT and CMD are never run.
     pub image: String,
@@ -316,6 +317,24 @@ mod tests {
         let e = spec.validate().expect_err("spec should be rejected");
         assert_eq!(e.kind(), ErrorKind::InvalidSpec, "{e}");
         e.field().unwrap().to_string()
+    }
+
+    #[test]
+    fn spec_files_may_omit_fields_but_not_misspell_them() {
+        let spec: RunSpec =
+            serde_json::from_str(r#"{"image": "busybox", "resources": {"cpus": 0.5}}"#).unwrap();
+        assert_eq!(spec.resources.cpus, Some(0.5));
+        assert_eq!(spec.workspace.path, DEFAULT_WORKSPACE_PATH);
+        assert!(spec.security.no_new_privileges);
+        for bad in [
+            r#"{"image": "busybox", "cpu": 1}"#,
+            r#"{"image": "busybox", "resources": {"cpu": 1}}"#,
+            r#"{"image": "busybox", "security": {"readonly": true}}"#,
+            r#"{"image": "busybox", "proxy": {"http_proxy": "x"}}"#,
+            r#"{"image": "busybox", "workspace": {"dir": "/x"}}"#,
+        ] {
+            assert!(serde_json::from_str::<RunSpec>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

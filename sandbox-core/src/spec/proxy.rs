@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 /// Outbound HTTP proxy settings, injected in both upper and lower case. `Debug` hides
 /// credentials in the URLs.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Proxy {
     /// `HTTP_PROXY` / `http_proxy`.
     pub http: Option<String>,

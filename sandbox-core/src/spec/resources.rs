@@ -19,6 +19,7 @@ pub enum PullPolicy {
 
 /// Resource limits of the sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Resources {
     /// Memory limit in bytes.
     pub memory_bytes: Option<u64>,
@@ -42,6 +43,7 @@ pub enum Network {
 
 /// Hardening of the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Security {
     /// Processes cannot gain privileges (setuid, file capabilities). On by default.
     pub no_new_privileges: bool,

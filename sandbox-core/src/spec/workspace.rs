@@ -13,6 +13,7 @@ pub const DEFAULT_WORKSPACE_PATH: &str = "/workspace";
 
 /// The run's working tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Workspace {
     /// A host directory whose content the run sees at [`Workspace::path`]. Docker mounts it;
     /// drivers that cannot mount seed from it (see [`crate::Capabilities`]). `None`: an empty
