@@ -344,7 +344,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             if *dry_run {
                 let now = now_secs();
                 for run in driver.list(&selector).await? {
-                    if let Some(reason) = reap_reason(&run, now) {
+                    if let Some(reason) = ReapReason::of(&run, now) {
                         println!("would remove {} ({})", run.id, describe(&reason));
                         any = true;
                     }
@@ -494,25 +494,6 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// What `runcell_core::reap` decides for one run, without removing it (the same rules,
-/// in the same order).
-fn reap_reason(run: &RunInfo, now: u64) -> Option<ReapReason> {
-    let expired = run
-        .labels
-        .get(labels::EXPIRES_AT)
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|at| at <= now);
-    if expired {
-        Some(ReapReason::Expired)
-    } else if Owner::from_labels(&run.labels).and_then(|o| o.is_alive()) == Some(false) {
-        Some(ReapReason::OwnerGone)
-    } else if !run.running {
-        Some(ReapReason::NotRunning)
-    } else {
-        None
-    }
-}
-
 fn describe(reason: &ReapReason) -> &'static str {
     match reason {
         ReapReason::Expired => "its TTL passed",
@@ -637,9 +618,9 @@ mod tests {
             (labels::OWNER_PID, pid.as_str()),
             (labels::OWNER_START, start.as_str()),
         ];
-        assert_eq!(reap_reason(&info(&live, true), now), None);
+        assert_eq!(ReapReason::of(&info(&live, true), now), None);
         assert_eq!(
-            reap_reason(&info(&live, false), now),
+            ReapReason::of(&info(&live, false), now),
             Some(ReapReason::NotRunning)
         );
         let dead = [
@@ -648,16 +629,16 @@ mod tests {
             (labels::OWNER_START, "1"),
         ];
         assert_eq!(
-            reap_reason(&info(&dead, true), now),
+            ReapReason::of(&info(&dead, true), now),
             Some(ReapReason::OwnerGone)
         );
         assert_eq!(
-            reap_reason(&info(&[(labels::EXPIRES_AT, "999")], true), now),
+            ReapReason::of(&info(&[(labels::EXPIRES_AT, "999")], true), now),
             Some(ReapReason::Expired)
         );
         // Detached, within its TTL: kept.
         assert_eq!(
-            reap_reason(&info(&[(labels::EXPIRES_AT, "1001")], true), now),
+            ReapReason::of(&info(&[(labels::EXPIRES_AT, "1001")], true), now),
             None
         );
         assert_eq!(owner_text(&info(&[], true)), "detached");
