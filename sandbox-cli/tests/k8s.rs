@@ -91,3 +91,32 @@ fn run_passes_exit_codes_on_kubernetes() {
     );
     sb.assert_nothing_left();
 }
+
+#[test]
+fn an_unschedulable_pod_shows_why_while_waiting() {
+    let Some(sb) = sandbox("k8s-unschedulable") else {
+        return;
+    };
+    let image = common::image();
+    let labels = sb.labels();
+    let mut args = vec![
+        "--config",
+        "node_selector=runcell.test/no-such-node=1",
+        "--config",
+        "ready_timeout_secs=6",
+        "start",
+        "--image",
+        image.as_str(),
+    ];
+    args.extend(labels.iter().map(String::as_str));
+    let started = Instant::now();
+    let out = run(sb.cmd(&args));
+    let stderr = text(&out.stderr);
+    assert_ne!(code(&out), 0, "an unschedulable pod started: {stderr}");
+    assert!(
+        stderr.contains("Unschedulable"),
+        "no word of why while waiting: {stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    sb.assert_nothing_left();
+}
