@@ -55,6 +55,17 @@ impl K8sConfig {
         self
     }
 
+    /// Sets the pod's `imagePullSecrets`: Secrets (in the run's namespace) with the
+    /// credentials of private registries.
+    pub fn image_pull_secrets<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.template.image_pull_secrets = names.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Uses the exec path for API servers before 1.30 (see the field).
     pub fn exec_v4_compatible(mut self, on: bool) -> Self {
         self.exec_v4_compatible = on;
@@ -153,6 +164,17 @@ impl K8sDriver {
                 tolerations,
                 labels: pairs(&mut config, "pod_labels")?,
                 annotations: pairs(&mut config, "pod_annotations")?,
+                image_pull_secrets: config
+                    .take("image_pull_secrets")
+                    .map(|names| {
+                        names
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|n| !n.is_empty())
+                            .map(String::from)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             },
             ready_timeout: config
                 .take_parsed::<u64>("ready_timeout_secs")?

@@ -18,7 +18,7 @@
 //! Connect directly with [`K8sDriver::connect`], or through the registry as `k8s`
 //! (config from `SANDBOX_K8S_*`: `namespace`, `runtime_class`, `node_selector`
 //! (`k=v,k=v`), `tolerations` (JSON), `pod_labels`, `pod_annotations`,
-//! `ready_timeout_secs`, `sync_workspace_on_stop`, `exec_v4_compatible`). The cluster comes
+//! `image_pull_secrets` (`name,name`), `ready_timeout_secs`, `sync_workspace_on_stop`, `exec_v4_compatible`). The cluster comes
 //! from `KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
 //!
 //! The driver is a [`runcell_core::raw::Backend`]: everything shared (validation,

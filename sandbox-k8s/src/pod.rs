@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Toleration,
-    Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, Pod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
+    SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -40,6 +40,9 @@ pub struct PodTemplate {
     pub labels: BTreeMap<String, String>,
     /// Extra annotations on every pod.
     pub annotations: BTreeMap<String, String>,
+    /// `imagePullSecrets`: names of `kubernetes.io/dockerconfigjson` Secrets in the run's
+    /// namespace, for images from private registries.
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// The name of the Secret carrying a run's CA bundle.
@@ -223,6 +226,13 @@ pub fn run_objects(
             node_selector: (!template.node_selector.is_empty())
                 .then(|| template.node_selector.clone()),
             tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+            image_pull_secrets: (!template.image_pull_secrets.is_empty()).then(|| {
+                template
+                    .image_pull_secrets
+                    .iter()
+                    .map(|name| LocalObjectReference { name: name.clone() })
+                    .collect()
+            }),
             security_context: Some(PodSecurityContext {
                 seccomp_profile: Some(SeccompProfile {
                     type_: "RuntimeDefault".into(),
@@ -319,6 +329,7 @@ mod tests {
                 ("cost-center".into(), "ai".into()),
             ]),
             annotations: BTreeMap::from([("example.com/note".into(), "x".into())]),
+            image_pull_secrets: vec!["registry-a".into(), "registry-b".into()],
         };
         let (pod, secret) = run_objects(
             &spec,
