@@ -25,8 +25,12 @@ use crate::units;
 #[derive(Args, Debug, Default, Clone)]
 pub struct SpecArgs {
     /// A spec file (.yaml, .yml, .toml or .json) holding a RunSpec; flags override it.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "devcontainer")]
     pub spec: Option<PathBuf>,
+    /// A devcontainer.json, or a folder with `.devcontainer/devcontainer.json`, as the base
+    /// spec (image, env, lifecycle commands, user, workspace); flags override it.
+    #[arg(long, value_name = "PATH")]
+    pub devcontainer: Option<PathBuf>,
     /// The image; its ENTRYPOINT and CMD never run.
     #[arg(long)]
     pub image: Option<String>,
@@ -120,12 +124,13 @@ pub fn build(
     args: &SpecArgs,
     default_ttl: Option<Duration>,
 ) -> Result<(RunSpec, Option<SpecSource>), Failure> {
-    let (mut spec, source) = match &args.spec {
-        Some(path) => {
+    let (mut spec, source) = match (&args.spec, &args.devcontainer) {
+        (Some(path), _) => {
             let (spec, source) = read_file(path)?;
             (spec, Some(source))
         }
-        None => (RunSpec::default(), None),
+        (None, Some(path)) => (RunSpec::from_devcontainer(path)?, None),
+        (None, None) => (RunSpec::default(), None),
     };
     let ttl_from_file = spec.ttl.is_some();
     apply_flags(&mut spec, args)?;

@@ -776,3 +776,50 @@ impl Drop for Registry {
         let _ = self.child.wait();
     }
 }
+
+#[test]
+fn a_devcontainer_json_is_the_base_spec() {
+    let Some(sb) = sandbox("devcontainer") else {
+        return;
+    };
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::create_dir(repo.path().join(".devcontainer")).unwrap();
+    std::fs::write(
+        repo.path().join(".devcontainer/devcontainer.json"),
+        format!(
+            r#"{{
+  // comments and trailing commas, as editors write them
+  "image": "{}",
+  "containerEnv": {{ "FROM_DEVCONTAINER": "yes", }},
+  "workspaceFolder": "/workspace",
+  "postCreateCommand": "echo made-by-post-create > dc.txt",
+}}"#,
+            common::image()
+        ),
+    )
+    .unwrap();
+    let dir = repo.path().to_str().unwrap();
+    let out = run(sb.run_cmd(
+        &["--devcontainer", dir, "--network", "none", "-q"],
+        &["sh", "-c", "echo $FROM_DEVCONTAINER; cat dc.txt; pwd"],
+    ));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "yes\nmade-by-post-create\n/workspace\n",
+        "{}",
+        text(&out.stderr)
+    );
+    // The workspace is the repository: the post-create file shows on the host.
+    assert!(repo.path().join("dc.txt").exists());
+    // What devcontainer.json asks for and runcell cannot do is refused, naming it.
+    std::fs::write(
+        repo.path().join(".devcontainer/devcontainer.json"),
+        r#"{ "build": { "dockerfile": "Dockerfile" } }"#,
+    )
+    .unwrap();
+    let out = run(sb.run_cmd(&["--devcontainer", dir], &["true"]));
+    assert_eq!(code(&out), 125, "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("build"), "{}", text(&out.stderr));
+    sb.assert_nothing_left();
+}
