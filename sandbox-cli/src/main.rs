@@ -2,6 +2,8 @@
 //! exec commands into it, copy files, list, stop and garbage-collect runs, over any
 //! registered driver (Docker and Kubernetes are built in).
 #![forbid(unsafe_code)]
+// The doc comments of the clap structs are `--help` text, written for a terminal.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 mod config;
 mod cp;
