@@ -143,6 +143,11 @@ fn main() -> Result<()> {
                 ],
                 &[],
             )?;
+            // The API docs: broken links and examples fail here, not on docs.rs.
+            cargo(
+                &["doc", "--workspace", "--no-deps", "--quiet"],
+                &[("RUSTDOCFLAGS", "-D warnings")],
+            )?;
             // The suite runs per driver below; its binaries only say so here. The CLI's
             // Docker tests run here (their runs carry the session label).
             cargo(
