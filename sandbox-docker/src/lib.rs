@@ -8,7 +8,13 @@
 //! liveness, post-create, timeouts and kills) is runcell-core's.
 //!
 //! Connect directly with [`DockerDriver::connect`], or through the registry as `docker`
-//! (config keys: `host`, `timeout_secs`; env `SANDBOX_DOCKER_HOST`, ...).
+//! (config keys: `host`, `timeout_secs`, `registry_server` + `registry_username` +
+//! `registry_password`, `docker_config`; env `SANDBOX_DOCKER_HOST`, ...).
+//!
+//! Pulls send the credentials of the image's registry: the explicit ones of
+//! [`DockerConfig::credentials`], else those of the Docker CLI's `config.json`
+//! (`$DOCKER_CONFIG`, else `~/.docker`: `credHelpers`, `auths`, `credsStore`). Secrets
+//! never appear in logs, `Debug` output, labels or errors.
 //!
 //! ```no_run
 //! use runcell_core::prelude::*;
@@ -25,10 +31,12 @@
 #![forbid(unsafe_code)]
 
 mod body;
+mod credentials;
 mod error;
 mod exec;
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +55,7 @@ use runcell_core::{
 };
 
 pub use body::container_body;
+pub use credentials::RegistryCredentials;
 use runcell_core::raw::KEEPALIVE;
 
 runcell_core::register_driver!(
@@ -56,7 +65,7 @@ runcell_core::register_driver!(
 );
 
 /// How the driver reaches the daemon. Built with [`DockerConfig::default`] and its setters
-/// (it will grow: TLS, credentials).
+/// (it will grow: TLS). `Debug` never shows a password.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct DockerConfig {
@@ -65,6 +74,12 @@ pub struct DockerConfig {
     pub host: Option<String>,
     /// Per-request timeout of the API client (not of exec streams). Default 60 s.
     pub timeout: Option<Duration>,
+    /// Registry credentials for pulls, one entry per registry host; they win over
+    /// `config.json`.
+    pub credentials: Vec<RegistryCredentials>,
+    /// The directory of the Docker CLI's `config.json` read for pull credentials;
+    /// default `$DOCKER_CONFIG`, else `~/.docker`.
+    pub docker_config_dir: Option<PathBuf>,
 }
 
 /// The Docker driver.
@@ -72,6 +87,8 @@ pub struct DockerConfig {
 pub struct DockerDriver {
     docker: Docker,
     address: String,
+    credentials: Vec<RegistryCredentials>,
+    docker_config_dir: Option<PathBuf>,
 }
 
 impl DockerConfig {
@@ -84,6 +101,25 @@ impl DockerConfig {
     /// Sets the per-request timeout of the API client.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Adds credentials for pulls from `server` (a registry host such as
+    /// `registry.example:5000`, or `docker.io`); they win over `config.json`.
+    pub fn credentials(
+        mut self,
+        server: impl Into<String>,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.credentials
+            .push(RegistryCredentials::new(server, username, password));
+        self
+    }
+
+    /// Sets the directory of the `config.json` read for pull credentials.
+    pub fn docker_config_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.docker_config_dir = Some(dir.into());
         self
     }
 }
@@ -111,7 +147,12 @@ impl DockerDriver {
             .map_err(unavailable)?
             .with_timeout(config.timeout.unwrap_or(DEFAULT_TIMEOUT));
         let docker = docker.negotiate_version().await.map_err(unavailable)?;
-        Ok(DockerDriver { docker, address })
+        Ok(DockerDriver {
+            docker,
+            address,
+            credentials: config.credentials,
+            docker_config_dir: config.docker_config_dir,
+        })
     }
 
     /// A driver on an existing bollard client (TLS, ssh, custom timeouts). The caller is
@@ -120,18 +161,53 @@ impl DockerDriver {
         DockerDriver {
             docker,
             address: "(caller's client)".into(),
+            credentials: Vec::new(),
+            docker_config_dir: None,
         }
     }
 
-    /// The registry constructor: keys `host` and `timeout_secs`.
+    /// The registry constructor: keys `host`, `timeout_secs`, `registry_server` with
+    /// `registry_username` and `registry_password` (all three or none), `docker_config`
+    /// (the directory of `config.json`).
     pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
         let host = config.take("host");
         let timeout = config
             .take_parsed::<u64>("timeout_secs")?
             .map(Duration::from_secs);
+        let server = config.take("registry_server");
+        let username = config.take("registry_username");
+        let password = config.take("registry_password");
+        let credentials = match (server, username, password) {
+            (None, None, None) => Vec::new(),
+            (Some(s), Some(u), Some(p)) => vec![RegistryCredentials::new(s, u, p)],
+            (s, u, p) => {
+                let missing: Vec<&str> = [
+                    ("registry_server", s.is_none()),
+                    ("registry_username", u.is_none()),
+                    ("registry_password", p.is_none()),
+                ]
+                .into_iter()
+                .filter_map(|(k, absent)| absent.then_some(k))
+                .collect();
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "docker: registry credentials need registry_server, registry_username and registry_password; missing: {}",
+                        missing.join(", ")
+                    ),
+                ));
+            }
+        };
+        let docker_config_dir = config.take("docker_config").map(PathBuf::from);
         config.finish()?;
         Ok(Arc::new(
-            DockerDriver::connect(DockerConfig { host, timeout }).await?,
+            DockerDriver::connect(DockerConfig {
+                host,
+                timeout,
+                credentials,
+                docker_config_dir,
+            })
+            .await?,
         ))
     }
 
@@ -203,8 +279,21 @@ impl DockerDriver {
             options = options.tag(tag);
         }
         let options = options.build();
+        let registry = credentials::registry_of(image);
+        let (explicit, dir) = (self.credentials.clone(), self.docker_config_dir.clone());
+        let owned_image = image.to_string();
+        // A credential helper is a process: off the async threads.
+        let auth = tokio::task::spawn_blocking(move || {
+            credentials::for_image(&owned_image, &explicit, dir.as_deref())
+        })
+        .await
+        .map_err(|e| {
+            Error::new(ErrorKind::Backend, "docker: credential lookup panicked").with_source(e)
+        })?
+        .map_err(|e| e.with("image", image))?;
+        let with_credentials = auth.is_some();
         plan.report(Progress::Step(format!("pulling {image}")));
-        let mut pull_stream = self.docker.create_image(Some(options), None, None);
+        let mut pull_stream = self.docker.create_image(Some(options), None, auth);
         let pulled = loop {
             match pull_stream.next().await {
                 None => break Ok(()),
@@ -227,11 +316,26 @@ impl DockerDriver {
                 tracing::warn!(image, "pull failed, using the local image: {e}");
                 Ok(())
             }
+            Err(e) if refused(&e) => Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "image {image} is not present and registry {registry} refused the pull ({}): check the registry credentials",
+                    if with_credentials {
+                        "credentials were sent"
+                    } else {
+                        "no credentials for it in the driver config or config.json"
+                    }
+                ),
+            )
+            .with("image", image)
+            .with("registry", &registry)
+            .with_source(e)),
             Err(e) => Err(Error::new(
                 ErrorKind::NotFound,
                 format!("image {image} is not present and could not be pulled"),
             )
             .with("image", image)
+            .with("registry", &registry)
             .with_source(e)),
         }
     }
@@ -471,6 +575,27 @@ impl Backend for DockerDriver {
         }
         found
     }
+}
+
+/// Whether a failed pull was the registry refusing access (401/403 or the daemon's
+/// wording for them).
+fn refused(e: &bollard::errors::Error) -> bool {
+    let text = match e {
+        bollard::errors::Error::DockerStreamError { error } => error.as_str(),
+        _ => error::message(e),
+    };
+    let text = text.to_ascii_lowercase();
+    matches!(error::status(e), Some(401 | 403))
+        || [
+            "unauthorized",
+            "authentication required",
+            "no basic auth credentials",
+            "access denied",
+            "denied: ",
+            "pull access denied",
+        ]
+        .iter()
+        .any(|w| text.contains(w))
 }
 
 /// Splits `repo[:tag]` for a pull; a reference with neither tag nor digest gets `latest`

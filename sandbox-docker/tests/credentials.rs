@@ -1,0 +1,272 @@
+//! Pulls from a registry on loopback that wants basic auth (Debian's `docker-registry`
+//! with an htpasswd file): explicit credentials and a `config.json` work, none or wrong
+//! ones are a typed error naming the image and the registry, never the password, and
+//! nothing is created. Skipped without an engine or the registry binary, unless `CI` is
+//! set or `SANDBOX_REQUIRE` names docker: then it fails. No outside registry is contacted.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use runcell_core::{Driver, ErrorKind, ExecSpec, Network, RunExt, RunSpec};
+use runcell_docker::{DockerConfig, DockerDriver};
+
+const USER: &str = "runcell";
+const PASSWORD: &str = "pw-Zq8vK2xLr7";
+const WRONG: &str = "wrong-Hh4nT9pQ";
+const REGISTRY: &str = "/usr/bin/docker-registry";
+const CASE: &str = "registry-credentials";
+
+fn strict() -> bool {
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    ci || std::env::var("SANDBOX_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|d| d.trim() == "docker")
+}
+
+fn docker(args: &[&str], stdin: Option<&str>) {
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(input) = stdin {
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `docker-registry serve` on 127.0.0.1 with htpasswd auth; killed on drop.
+struct Registry {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    fn start() -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let htpasswd = dir.path().join("htpasswd");
+        let hash = bcrypt::hash(PASSWORD, 5).unwrap();
+        std::fs::write(&htpasswd, format!("{USER}:{hash}\n")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: runcell-test\n    path: {}\n",
+                dir.path().join("data").display(),
+                htpasswd.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(REGISTRY)
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let registry = Registry {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry did not listen on 127.0.0.1:{port}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        registry
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Removes the local copy of the pushed tag, now and on drop.
+struct LocalTag(String);
+
+impl LocalTag {
+    fn remove(&self) {
+        let _ = Command::new("docker")
+            .args(["rmi", "-f", &self.0])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for LocalTag {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// The whole text of an error: message, context and every source.
+fn all_text(e: &runcell_core::Error) -> String {
+    let mut text = format!("{e} {e:?}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(" {s} {s:?}"));
+        source = s.source();
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_use_registry_credentials() {
+    let base = DockerConfig::default();
+    if let Err(e) = DockerDriver::connect(base.clone()).await {
+        assert!(!strict(), "CI or SANDBOX_REQUIRE names docker, but: {e}");
+        eprintln!("no Docker engine, test skipped: {e}");
+        return;
+    }
+    if !std::path::Path::new(REGISTRY).exists() {
+        assert!(
+            !strict(),
+            "{REGISTRY} is missing: apt-get install docker-registry"
+        );
+        eprintln!("\n*** SKIPPED pulls_use_registry_credentials: {REGISTRY} is missing");
+        return;
+    }
+    let registry = Registry::start();
+    let host = format!("127.0.0.1:{}", registry.port);
+    let unique = format!("{}-{}", std::process::id(), rand_suffix());
+    let tag = format!("{host}/t/busybox:{unique}");
+    let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE")
+        .unwrap_or_else(|_| "sandbox-test/busybox:latest".into());
+    let local = LocalTag(tag.clone());
+
+    // Push with a login kept in a directory of the test's own.
+    let login = tempfile::tempdir().unwrap();
+    let login_dir = login.path().to_str().unwrap();
+    docker(&["tag", &image, &tag], None);
+    docker(
+        &[
+            "--config",
+            login_dir,
+            "login",
+            "-u",
+            USER,
+            "--password-stdin",
+            &host,
+        ],
+        Some(PASSWORD),
+    );
+    docker(&["--config", login_dir, "push", &tag], None);
+    local.remove();
+
+    let empty = tempfile::tempdir().unwrap();
+    let mut spec = RunSpec::new(&tag).label("sandbox.test/case", CASE);
+    spec.network = Network::None;
+    let selector = BTreeMap::from([("sandbox.test/case".to_string(), CASE.to_string())]);
+
+    // No credentials: a typed error naming the image and the registry; nothing created.
+    let anonymous = DockerDriver::connect(base.clone().docker_config_dir(empty.path()))
+        .await
+        .unwrap();
+    let e = anonymous.create(&spec).await.unwrap_err();
+    eprintln!("without credentials: {}", all_text(&e));
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(
+        e.message().contains(&tag) && e.message().contains(&host),
+        "{e}"
+    );
+    assert_eq!(e.context_value("registry"), Some(host.as_str()), "{e}");
+    assert!(anonymous.list(&selector).await.unwrap().is_empty());
+
+    // Wrong password: the same, and the password is nowhere in the error or the config.
+    let wrong = base
+        .clone()
+        .credentials(&host, USER, WRONG)
+        .docker_config_dir(empty.path());
+    assert!(!format!("{wrong:?}").contains(WRONG), "{wrong:?}");
+    let e = DockerDriver::connect(wrong)
+        .await
+        .unwrap()
+        .create(&spec)
+        .await
+        .unwrap_err();
+    eprintln!("with a wrong password: {}", all_text(&e));
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(e.message().contains(&host), "{e}");
+    assert!(!all_text(&e).contains(WRONG), "{}", all_text(&e));
+    assert!(anonymous.list(&selector).await.unwrap().is_empty());
+
+    // Explicit credentials.
+    let explicit = DockerDriver::connect(
+        base.clone()
+            .credentials(&host, USER, PASSWORD)
+            .docker_config_dir(empty.path()),
+    )
+    .await
+    .unwrap();
+    let run = explicit.create(&spec).await.unwrap();
+    let out = run.exec(ExecSpec::new(["true"])).await.unwrap();
+    assert!(out.status.success(), "{}", out.status);
+    run.stop().await.unwrap();
+    local.remove();
+
+    // A config.json of the test's own, with a base64 `auth` entry.
+    let config_dir = tempfile::tempdir().unwrap();
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    std::fs::write(
+        config_dir.path().join("config.json"),
+        format!(r#"{{"auths": {{"http://{host}": {{"auth": "{auth}"}}}}}}"#),
+    )
+    .unwrap();
+    let from_file = DockerDriver::connect(base.clone().docker_config_dir(config_dir.path()))
+        .await
+        .unwrap();
+    let run = from_file.create(&spec).await.unwrap();
+    run.stop().await.unwrap();
+
+    for r in anonymous.list(&selector).await.unwrap() {
+        anonymous.remove(&r.id).await.unwrap();
+    }
+    assert!(anonymous.list(&selector).await.unwrap().is_empty());
+    drop(local);
+    drop(registry);
+}
+
+#[tokio::test]
+async fn registry_keys_come_together_and_errors_hold_no_password() {
+    let config = runcell_core::DriverConfig::new(
+        "docker",
+        [("registry_username", USER), ("registry_password", PASSWORD)],
+    );
+    let e = runcell_core::connect("docker", config).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(e.message().contains("registry_server"), "{e}");
+    assert!(!all_text(&e).contains(PASSWORD), "{}", all_text(&e));
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        .into()
+}
