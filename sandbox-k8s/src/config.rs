@@ -133,6 +133,15 @@ impl K8sDriver {
 
     /// The registry constructor (see the crate docs for the keys).
     pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
+        let k8s = K8sConfig::from_driver_config(&mut config)?;
+        config.finish()?;
+        Ok(Arc::new(K8sDriver::connect(k8s).await?))
+    }
+}
+
+impl K8sConfig {
+    /// Takes the driver's keys out of `config` (the caller checks that none is left).
+    fn from_driver_config(config: &mut DriverConfig) -> Result<K8sConfig> {
         let pairs = |config: &mut DriverConfig, key: &str| -> Result<BTreeMap<String, String>> {
             let Some(text) = config.take(key) else {
                 return Ok(BTreeMap::new());
@@ -160,10 +169,10 @@ impl K8sDriver {
             namespace: config.take("namespace"),
             template: PodTemplate {
                 runtime_class: config.take("runtime_class"),
-                node_selector: pairs(&mut config, "node_selector")?,
+                node_selector: pairs(config, "node_selector")?,
                 tolerations,
-                labels: pairs(&mut config, "pod_labels")?,
-                annotations: pairs(&mut config, "pod_annotations")?,
+                labels: pairs(config, "pod_labels")?,
+                annotations: pairs(config, "pod_annotations")?,
                 image_pull_secrets: config
                     .take("image_pull_secrets")
                     .map(|names| {
@@ -186,7 +195,27 @@ impl K8sDriver {
                 .take_parsed::<bool>("exec_v4_compatible")?
                 .unwrap_or(false),
         };
-        config.finish()?;
-        Ok(Arc::new(K8sDriver::connect(k8s).await?))
+        Ok(k8s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_pull_secrets_are_a_comma_separated_list() {
+        let mut config = DriverConfig::new(
+            "k8s",
+            [("image_pull_secrets", " registry-a, registry-b ,,")],
+        );
+        let k8s = K8sConfig::from_driver_config(&mut config).unwrap();
+        config.finish().unwrap();
+        assert_eq!(
+            k8s.template.image_pull_secrets,
+            ["registry-a", "registry-b"]
+        );
+        let set = K8sConfig::default().image_pull_secrets(["one"]);
+        assert_eq!(set.template.image_pull_secrets, ["one"]);
     }
 }
