@@ -120,7 +120,7 @@ pub async fn connect(name: &str, config: DriverConfig) -> Result<Arc<dyn Driver>
 /// (and, for a config read by [`from_env`](DriverConfig::from_env), names the variables)
 /// without extra work in the driver. A key read only under some condition can be declared
 /// with [`accept`](DriverConfig::accept).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct DriverConfig {
     driver: String,
     values: BTreeMap<String, String>,
@@ -130,6 +130,17 @@ pub struct DriverConfig {
     env_names: BTreeMap<String, String>,
     /// Every key the driver took or declared.
     known: BTreeSet<String>,
+}
+
+/// Keys only: values may be secrets (registry passwords, tokens).
+impl std::fmt::Debug for DriverConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverConfig")
+            .field("driver", &self.driver)
+            .field("keys", &self.values.keys().collect::<Vec<_>>())
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DriverConfig {
@@ -253,6 +264,18 @@ impl DriverConfig {
             error = error.with_field(one.clone());
         }
         Err(error)
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::DriverConfig;
+
+    #[test]
+    fn debug_shows_keys_not_values() {
+        let config = DriverConfig::new("docker", [("registry_password", "s3cr3t")]);
+        let text = format!("{config:?}");
+        assert!(text.contains("registry_password") && !text.contains("s3cr3t"), "{text}");
     }
 }
 
