@@ -275,7 +275,10 @@ mod debug_tests {
     fn debug_shows_keys_not_values() {
         let config = DriverConfig::new("docker", [("registry_password", "s3cr3t")]);
         let text = format!("{config:?}");
-        assert!(text.contains("registry_password") && !text.contains("s3cr3t"), "{text}");
+        assert!(
+            text.contains("registry_password") && !text.contains("s3cr3t"),
+            "{text}"
+        );
     }
 }
 
