@@ -68,7 +68,8 @@ pub fn split_file_path(path: &str) -> Result<(&str, &str)> {
     Ok((if dir.is_empty() { "/" } else { dir }, name))
 }
 
-/// Checks a directory path for [`crate::Run::put_archive`] (absolute, no NUL, no `.`/`..`).
+/// Checks a path for [`crate::Run::put_archive`] (its directory) and
+/// [`crate::Run::get_archive`] (a file or directory): absolute, no NUL, no `.`/`..`.
 pub fn validate_dir_path(dir: &str) -> Result<()> {
     if dir.contains('\0') {
         return Err(Error::invalid_spec("path", "must not contain NUL"));

@@ -402,12 +402,7 @@ impl<B: Backend> Run for CoreRun<B> {
     }
 
     async fn get_archive(&self, path: &str) -> Result<ByteStream> {
-        if !path.starts_with('/') || path.contains('\0') {
-            return Err(Error::invalid_spec(
-                "path",
-                format!("{path:?} must be an absolute path"),
-            ));
-        }
+        files::validate_dir_path(path)?;
         self.backend.get_tar(&self.id, path).await
     }
 

@@ -191,20 +191,21 @@ type Output = BoxStream<'static, std::io::Result<OutputChunk>>;
 fn hold_engine_message(mut output: Output, failure: Arc<Mutex<Option<StartFailure>>>) -> Output {
     futures::stream::once(async move {
         let first = output.next().await;
-        let head: Output = match first {
-            Some(Ok(OutputChunk::Stdout(b))) if StartFailure::parse(&b).is_some() => {
-                match output.next().await {
-                    None => {
-                        let parsed = StartFailure::parse(&b).expect("parsed above");
-                        let stderr = parsed.stderr();
-                        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
-                        futures::stream::iter(stderr.map(|e| Ok(OutputChunk::Stderr(e)))).boxed()
-                    }
-                    Some(next) => futures::stream::iter([Ok(OutputChunk::Stdout(b)), next]).boxed(),
+        let parsed = match &first {
+            Some(Ok(OutputChunk::Stdout(b))) => StartFailure::parse(b),
+            _ => None,
+        };
+        let head: Output = match (first, parsed) {
+            (Some(Ok(OutputChunk::Stdout(b))), Some(parsed)) => match output.next().await {
+                None => {
+                    let stderr = parsed.stderr();
+                    *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
+                    futures::stream::iter(stderr.map(|e| Ok(OutputChunk::Stderr(e)))).boxed()
                 }
-            }
-            Some(item) => futures::stream::iter([item]).boxed(),
-            None => futures::stream::empty().boxed(),
+                Some(next) => futures::stream::iter([Ok(OutputChunk::Stdout(b)), next]).boxed(),
+            },
+            (Some(item), _) => futures::stream::iter([item]).boxed(),
+            (None, _) => futures::stream::empty().boxed(),
         };
         head.chain(output)
     })
