@@ -1,0 +1,2207 @@
+//! `runcell-helper`: the exec helper that runs inside a run's container or pod.
+//!
+//! One long-lived exec starts it (as the container's user, in the run's working directory,
+//! with the run's environment). It reads frames on stdin and writes frames on stdout (the
+//! wire protocol is `proto.rs`, which documents the semantics implemented here) and runs
+//! every tool call of the run as its own child: a fork+exec instead of a whole
+//! `docker exec` per call.
+//!
+//! Std only, no crates: core's build script compiles this file with plain `rustc` into a
+//! static binary. The few libc calls std lacks live in [`sys`], the only place with
+//! `unsafe`.
+//!
+//! Threads: the main thread reads frames and never blocks on one exec; one writer lock
+//! around stdout; a reaper waits for every child (`waitid` with `WNOWAIT`, then reaps under
+//! the registry lock, so std's own spawn-failure `waitpid` is never raced); a tracker
+//! re-reads `/proc` while execs run; per exec one output thread (credit-gated) and, when
+//! stdin is piped, one stdin writer; a kill or a `GET` runs on its own thread.
+
+// Shared with core's client: not every item is used here, and its style is core's.
+#[allow(dead_code, clippy::type_complexity)]
+mod proto;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::env;
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::fs::{self, File, Metadata, OpenOptions, Permissions};
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use proto::{
+    CHUNK, CREDIT, DIRECTORY, DONE, Dec, DecodeError, ENTRY, EXIT, EXITED, Enc, Entry, FILE_ERROR,
+    FileError, Fnv, GET, HELLO, Hello, INITIAL_CREDIT, KILL, KILL_GRACE_MS, KILLED, PING, PONG,
+    PROTOCOL_ERROR, PUT, REGULAR, SIGNALED, SPAWN, SPAWN_ERROR, STARTED, STDERR, STDIN, STDIN_ACK,
+    STDIN_EOF, STDIN_WINDOW, STDOUT, SYMLINK, Spawn, SpawnError, TRACK_INTERVAL_MS, VERSION,
+};
+
+/// Stack of every thread the helper starts (they neither recurse nor keep big locals).
+const THREAD_STACK: usize = 128 * 1024;
+/// Bytes read from stdin at a time.
+const READ_CHUNK: usize = 64 * 1024;
+/// Queued stdin bytes of one exec beyond which the host broke the window rule.
+const STDIN_QUEUE_LIMIT: usize = 4 * STDIN_WINDOW as usize;
+/// The variable that marks every process of an exec.
+const EXEC_ID_VAR: &[u8] = b"SANDBOX_EXEC_ID";
+/// Header of a frame: length u32, kind u8, id u32.
+const HEADER: usize = 9;
+/// Lifespans of forgotten execs kept to attribute orphans safely.
+const HISTORY: usize = 256;
+
+// errno values (x86_64 / generic Linux).
+const EPERM: i32 = 1;
+const ENOENT: i32 = 2;
+const ENOEXEC: i32 = 8;
+const ECHILD: i32 = 10;
+const EAGAIN: i32 = 11;
+const ENOMEM: i32 = 12;
+const EACCES: i32 = 13;
+const ENOTDIR: i32 = 20;
+const EISDIR: i32 = 21;
+const ENFILE: i32 = 23;
+const EMFILE: i32 = 24;
+const ETXTBSY: i32 = 26;
+const ENAMETOOLONG: i32 = 36;
+const ELOOP: i32 = 40;
+
+/// The few libc calls std lacks, each behind a safe wrapper. The only `unsafe` code.
+mod sys {
+    use std::ffi::CString;
+    use std::io;
+    use std::os::fd::RawFd;
+    use std::os::raw::{c_char, c_int, c_short, c_uint, c_ulong};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    use std::path::Path;
+    use std::process::Command;
+
+    /// `struct pollfd`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct PollFd {
+        /// The descriptor.
+        pub fd: c_int,
+        /// Requested events.
+        pub events: c_short,
+        /// Returned events.
+        pub revents: c_short,
+    }
+
+    /// Data to read.
+    pub const POLLIN: c_short = 0x1;
+    /// Room to write.
+    pub const POLLOUT: c_short = 0x4;
+    /// Error (the read end of a pipe is gone).
+    pub const POLLERR: c_short = 0x8;
+    /// Hang-up (all writers of a pipe are gone).
+    pub const POLLHUP: c_short = 0x10;
+    /// Not an open descriptor.
+    pub const POLLNVAL: c_short = 0x20;
+
+    /// Signals used by a kill.
+    pub const SIGKILL: c_int = 9;
+    /// See [`SIGKILL`].
+    pub const SIGTERM: c_int = 15;
+    /// See [`SIGKILL`].
+    pub const SIGCONT: c_int = 18;
+    /// See [`SIGKILL`].
+    pub const SIGSTOP: c_int = 19;
+
+    /// `siginfo_t` (128 bytes on Linux); only `si_pid` is read.
+    #[repr(C)]
+    struct SigInfo {
+        signo: c_int,
+        errno: c_int,
+        code: c_int,
+        pad: c_int,
+        pid: c_int,
+        uid: c_uint,
+        status: c_int,
+        rest: [u8; 100],
+    }
+
+    const PR_SET_CHILD_SUBREAPER: c_int = 36;
+    const P_ALL: c_int = 0;
+    const WNOHANG: c_int = 1;
+    const WEXITED: c_int = 4;
+    const WNOWAIT: c_int = 0x0100_0000;
+    const F_GETFL: c_int = 3;
+    const F_SETFL: c_int = 4;
+    const O_NONBLOCK: c_int = 0o4000;
+    const FIONREAD: c_ulong = 0x541B;
+    const X_OK: c_int = 1;
+
+    unsafe extern "C" {
+        fn prctl(
+            option: c_int,
+            arg2: c_ulong,
+            arg3: c_ulong,
+            arg4: c_ulong,
+            arg5: c_ulong,
+        ) -> c_int;
+        fn waitid(idtype: c_int, id: c_uint, infop: *mut SigInfo, options: c_int) -> c_int;
+        fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+        safe fn kill(pid: c_int, sig: c_int) -> c_int;
+        fn setgroups(size: usize, list: *const c_uint) -> c_int;
+        fn setgid(gid: c_uint) -> c_int;
+        fn setuid(uid: c_uint) -> c_int;
+        fn poll(fds: *mut PollFd, nfds: c_ulong, timeout: c_int) -> c_int;
+        fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+        fn ioctl(fd: c_int, request: c_ulong, ...) -> c_int;
+        safe fn getuid() -> c_uint;
+        safe fn getgid() -> c_uint;
+        safe fn geteuid() -> c_uint;
+        safe fn getpgid(pid: c_int) -> c_int;
+        safe fn getsid(pid: c_int) -> c_int;
+        fn access(path: *const c_char, mode: c_int) -> c_int;
+    }
+
+    /// A libc return value: negative means errno.
+    fn check(r: c_int) -> io::Result<c_int> {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }
+
+    /// Makes the helper the reaper of every orphaned descendant.
+    pub fn set_child_subreaper() -> io::Result<()> {
+        // SAFETY: PR_SET_CHILD_SUBREAPER takes plain integers and touches no memory of ours.
+        check(unsafe { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+    }
+
+    /// Blocks until some child has exited and returns its pid, leaving it a zombie.
+    pub fn wait_exited() -> io::Result<i32> {
+        let mut info = SigInfo {
+            signo: 0,
+            errno: 0,
+            code: 0,
+            pad: 0,
+            pid: 0,
+            uid: 0,
+            status: 0,
+            rest: [0; 100],
+        };
+        // SAFETY: `info` is a writable siginfo_t-sized buffer that outlives the call.
+        check(unsafe { waitid(P_ALL, 0, &mut info, WEXITED | WNOWAIT) })?;
+        Ok(info.pid)
+    }
+
+    /// Reaps `pid` if it is a zombie: its wait status.
+    pub fn reap(pid: i32) -> io::Result<Option<i32>> {
+        let mut status: c_int = 0;
+        // SAFETY: `status` is a writable int that outlives the call.
+        let r = check(unsafe { waitpid(pid, &mut status, WNOHANG) })?;
+        Ok((r == pid).then_some(status))
+    }
+
+    /// Sends `sig` to `pid` (a negative pid: its process group); true if it was sent.
+    pub fn signal(pid: i32, sig: i32) -> bool {
+        kill(pid, sig) == 0
+    }
+
+    /// `poll(2)` over `fds`; `timeout_ms` < 0 waits for ever.
+    pub fn poll_fds(fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
+        // SAFETY: pointer and length come from a live, exclusively borrowed slice.
+        let r = check(unsafe { poll(fds.as_mut_ptr(), fds.len() as c_ulong, timeout_ms) })?;
+        Ok(r as usize)
+    }
+
+    /// Sets `O_NONBLOCK` on `fd`.
+    pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+        // SAFETY: F_GETFL takes no further argument; an invalid fd only yields EBADF.
+        let flags = check(unsafe { fcntl(fd, F_GETFL) })?;
+        // SAFETY: F_SETFL takes one int argument.
+        check(unsafe { fcntl(fd, F_SETFL, flags | O_NONBLOCK) }).map(drop)
+    }
+
+    /// Bytes buffered in a pipe (0 on error).
+    pub fn readable_bytes(fd: RawFd) -> usize {
+        let mut n: c_int = 0;
+        // SAFETY: FIONREAD writes one int through the pointer, which outlives the call.
+        let r = unsafe { ioctl(fd, FIONREAD, &mut n as *mut c_int) };
+        if r < 0 { 0 } else { n.max(0) as usize }
+    }
+
+    /// Whether the helper (real uid/gid) may search or execute `path`.
+    pub fn can_execute(path: &Path) -> bool {
+        let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: `c` is a NUL-terminated string that outlives the call.
+        unsafe { access(c.as_ptr(), X_OK) == 0 }
+    }
+
+    /// Real uid, real gid, effective uid.
+    pub fn ids() -> (u32, u32, u32) {
+        (getuid(), getgid(), geteuid())
+    }
+
+    /// The helper's process group and session.
+    pub fn pgid_sid() -> (i32, i32) {
+        (getpgid(0), getsid(0))
+    }
+
+    /// Runs in the forked child: supplementary groups, gid, uid, in that order.
+    fn become_user(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+        // SAFETY: pointer and length come from a live slice allocated before the fork.
+        check(unsafe { setgroups(groups.len(), groups.as_ptr()) })?;
+        // SAFETY: plain integer argument.
+        check(unsafe { setgid(gid) })?;
+        // SAFETY: plain integer argument.
+        check(unsafe { setuid(uid) })?;
+        Ok(())
+    }
+
+    /// Makes `cmd` switch to the user in the child, before exec.
+    pub fn switch_user(cmd: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) {
+        // SAFETY: the closure runs in the forked child before exec. It only calls
+        // async-signal-safe functions (setgroups, setgid, setuid, errno) and reads `groups`,
+        // allocated before the fork; it allocates and locks nothing.
+        unsafe {
+            cmd.pre_exec(move || become_user(uid, gid, &groups));
+        }
+    }
+}
+
+/// Locks, ignoring poisoning: a panic elsewhere must not stop the helper.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits on a condition variable, ignoring poisoning.
+fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    cv.wait(g).unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A diagnostic line on stderr (never stdout); errors writing it are ignored.
+fn diag(args: fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr(), "runcell-helper: {args}");
+}
+
+/// Starts a named thread; false when the kernel refuses one (pids limit).
+fn start_thread(name: &str, f: impl FnOnce() + Send + 'static) -> bool {
+    thread::Builder::new()
+        .name(name.into())
+        .stack_size(THREAD_STACK)
+        .spawn(f)
+        .is_ok()
+}
+
+fn main() {
+    let h: &'static Helper = match Helper::new() {
+        Ok(h) => Box::leak(Box::new(h)),
+        Err(e) => {
+            diag(format_args!("cannot start: {e}"));
+            std::process::exit(1);
+        }
+    };
+    let (size, digest) = self_digest();
+    let mut e = Enc::frame(HELLO, 0);
+    Hello {
+        version: VERSION,
+        pid: h.pid as u32,
+        uid: h.uid,
+        gid: h.gid,
+        size,
+        digest,
+    }
+    .encode(&mut e);
+    h.send(&e.finish());
+    if !start_thread("reaper", move || h.reaper()) || !start_thread("tracker", move || h.tracker())
+    {
+        diag(format_args!("cannot start its threads"));
+        h.send_protocol_error("the helper cannot start its threads");
+        std::process::exit(1);
+    }
+    Conn {
+        h,
+        files: HashMap::new(),
+    }
+    .run()
+}
+
+/// Size and FNV-1a digest of the helper's own executable.
+fn self_digest() -> (u64, u64) {
+    let mut fnv = Fnv::default();
+    let mut size = 0u64;
+    if let Ok(mut f) = File::open("/proc/self/exe") {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    fnv.update(&buf[..n]);
+                    size += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+    (size, fnv.0)
+}
+
+/// Everything the threads share.
+struct Helper {
+    /// The frame stream (a duplicate of fd 1).
+    out: Mutex<File>,
+    /// Set once writing a frame failed: the host is gone.
+    out_broken: AtomicBool,
+    /// Set by the first thread that shuts the helper down.
+    stopping: AtomicBool,
+    /// The helper's pid, process group and session (never killed).
+    pid: i32,
+    pgid: i32,
+    sid: i32,
+    /// Real uid and gid.
+    uid: u32,
+    gid: u32,
+    /// Effective uid 0: may switch users and set owners.
+    root: bool,
+    /// Default working directory, and its (device, inode).
+    cwd: PathBuf,
+    cwd_id: Option<(u64, u64)>,
+    /// The run's environment, without an inherited `SANDBOX_EXEC_ID`.
+    base_env: Vec<(OsString, OsString)>,
+    /// Execs and their processes.
+    reg: Mutex<Registry>,
+    /// Signalled on every spawn (the reaper and the tracker wait for one).
+    reg_cv: Condvar,
+    /// Makes temporary file names unique.
+    tmp_counter: AtomicU64,
+}
+
+/// The execs the helper knows, with their process tracking.
+#[derive(Default)]
+struct Registry {
+    /// By id, until forgotten (after `EXIT` once its tracked processes are gone, or a kill).
+    execs: HashMap<u32, Tracked>,
+    /// Roots not reaped yet: pid → exec id.
+    roots: HashMap<i32, u32>,
+    /// Bumped on every spawn.
+    spawned: u64,
+    /// (root start, end) in clock ticks of forgotten execs.
+    history: VecDeque<(u64, u64)>,
+}
+
+/// One exec's tracking.
+struct Tracked {
+    exec: Arc<Exec>,
+    /// Start of the root, clock ticks since boot.
+    start: u64,
+    /// When the root was reaped, clock ticks since boot.
+    end: Option<u64>,
+    /// Every process seen descending from the exec: pid → start time.
+    pids: HashMap<i32, u64>,
+}
+
+impl Registry {
+    /// Drops an exec's tracking, keeping its lifespan in the history.
+    fn forget(&mut self, id: u32) {
+        if let Some(t) = self.execs.remove(&id) {
+            let end = t.end.unwrap_or_else(now_ticks);
+            if self.history.len() >= HISTORY {
+                self.history.pop_front();
+            }
+            self.history.push_back((t.start, end));
+        }
+    }
+}
+
+/// A live exec.
+struct Exec {
+    id: u32,
+    /// The root process (its own process group).
+    root: i32,
+    /// Its `SANDBOX_EXEC_ID` (empty: none).
+    marker: Vec<u8>,
+    /// Output credit.
+    flow: Flow,
+    st: Mutex<ExecState>,
+    /// Signalled on any change of `st`.
+    cv: Condvar,
+    /// Written once the root is reaped, to wake the output thread's poll.
+    wake: io::PipeWriter,
+}
+
+/// The mutable part of an exec.
+#[derive(Default)]
+struct ExecState {
+    /// Wait status of the root, once reaped.
+    status: Option<i32>,
+    /// `STARTED` was sent: the threads may send frames.
+    started: bool,
+    /// `EXIT` was sent (or the spawn was abandoned): no more frames.
+    done: bool,
+    /// Stdin is a pipe (else `/dev/null`).
+    piped: bool,
+    /// `STDIN` data not written yet, and its size.
+    queue: VecDeque<Vec<u8>>,
+    queued: usize,
+    /// `STDIN_EOF` received.
+    eof: bool,
+}
+
+impl Exec {
+    /// The root was reaped: record its status and wake the output thread.
+    fn reaped(&self, status: i32) {
+        lock(&self.st).status = Some(status);
+        self.cv.notify_all();
+        let _ = (&self.wake).write(&[1]);
+    }
+
+    /// The root's wait status, once reaped.
+    fn status(&self) -> Option<i32> {
+        lock(&self.st).status
+    }
+
+    /// `EXIT` was sent (or the spawn abandoned).
+    fn is_done(&self) -> bool {
+        lock(&self.st).done
+    }
+
+    /// Waits for `STARTED`; false if the exec was abandoned.
+    fn wait_started(&self) -> bool {
+        let mut st = lock(&self.st);
+        while !st.started && !st.done {
+            st = wait(&self.cv, st);
+        }
+        !st.done
+    }
+}
+
+/// Output credit of an exec or a `GET`.
+struct Flow {
+    credit: Mutex<u64>,
+    cv: Condvar,
+    /// A `GET` is over.
+    finished: AtomicBool,
+}
+
+impl Flow {
+    /// [`INITIAL_CREDIT`] to start with.
+    fn new() -> Flow {
+        Flow {
+            credit: Mutex::new(u64::from(INITIAL_CREDIT)),
+            cv: Condvar::new(),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// A `CREDIT` from the host.
+    fn grant(&self, n: u32) {
+        let mut c = lock(&self.credit);
+        *c = c.saturating_add(u64::from(n));
+        self.cv.notify_all();
+    }
+
+    /// Blocks until some credit is left; returns it.
+    fn available(&self) -> u64 {
+        let mut c = lock(&self.credit);
+        while *c == 0 {
+            c = wait(&self.cv, c);
+        }
+        *c
+    }
+
+    /// `n` output bytes were sent.
+    fn consume(&self, n: usize) {
+        let mut c = lock(&self.credit);
+        *c = c.saturating_sub(n as u64);
+    }
+}
+
+/// A process as `/proc/<pid>/stat` shows it.
+#[derive(Debug, Clone, Copy)]
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    pgid: i32,
+    sid: i32,
+    /// Start time, clock ticks since boot (field 22): tells a reused pid apart.
+    start: u64,
+    zombie: bool,
+}
+
+/// Parses the contents of `/proc/<pid>/stat`.
+fn parse_stat(pid: i32, b: &[u8]) -> Option<Proc> {
+    let close = b.iter().rposition(|&c| c == b')')?;
+    let rest = b.get(close + 2..)?;
+    let mut it = rest.split(|&c| c == b' ');
+    let state = *it.next()?.first()?;
+    let num =
+        |f: Option<&[u8]>| -> Option<i64> { std::str::from_utf8(f?).ok()?.trim().parse().ok() };
+    let ppid = num(it.next())? as i32;
+    let pgid = num(it.next())? as i32;
+    let sid = num(it.next())? as i32;
+    let start = num(it.nth(15))? as u64;
+    Some(Proc {
+        pid,
+        ppid,
+        pgid,
+        sid,
+        start,
+        zombie: state == b'Z' || state == b'X',
+    })
+}
+
+/// Reads one process (`buf` is scratch space).
+fn read_stat(pid: i32, buf: &mut Vec<u8>) -> Option<Proc> {
+    buf.clear();
+    let mut f = File::open(format!("/proc/{pid}/stat")).ok()?;
+    f.read_to_end(buf).ok()?;
+    parse_stat(pid, buf)
+}
+
+/// Every process in `/proc`.
+fn scan() -> Vec<Proc> {
+    let mut v = Vec::new();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return v;
+    };
+    let mut buf = Vec::with_capacity(512);
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = std::str::from_utf8(name.as_bytes())
+            .ok()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Some(p) = read_stat(pid, &mut buf) {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// Clock ticks since boot (the unit of a process's start time).
+fn now_ticks() -> u64 {
+    let Ok(s) = fs::read_to_string("/proc/uptime") else {
+        return u64::MAX;
+    };
+    let first = s.split_whitespace().next().unwrap_or("0");
+    let (secs, frac) = first.split_once('.').unwrap_or((first, "0"));
+    let secs: u64 = secs.parse().unwrap_or(0);
+    let frac: u64 = format!("{frac:0<2}")
+        .get(..2)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0);
+    secs * 100 + frac
+}
+
+/// Whether `/proc/<pid>/environ` holds one of `needles` (`NAME=value`) exactly.
+fn environ_matches(pid: i32, needles: &[Vec<u8>]) -> bool {
+    let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    env.split(|&b| b == 0)
+        .any(|v| needles.iter().any(|n| n.as_slice() == v))
+}
+
+impl Helper {
+    /// Records what every spawn starts from: ids, working directory, environment.
+    fn new() -> io::Result<Helper> {
+        if let Err(e) = sys::set_child_subreaper() {
+            diag(format_args!("cannot become a child subreaper: {e}"));
+        }
+        let out = File::from(io::stdout().as_fd().try_clone_to_owned()?);
+        let (uid, gid, euid) = sys::ids();
+        let (pgid, sid) = sys::pgid_sid();
+        let cwd = env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let cwd_id = fs::metadata(".").ok().map(|m| (m.dev(), m.ino()));
+        let base_env = env::vars_os()
+            .filter(|(k, _)| k.as_bytes() != EXEC_ID_VAR)
+            .collect();
+        Ok(Helper {
+            out: Mutex::new(out),
+            out_broken: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            pid: std::process::id() as i32,
+            pgid,
+            sid,
+            uid,
+            gid,
+            root: euid == 0,
+            cwd,
+            cwd_id,
+            base_env,
+            reg: Mutex::new(Registry::default()),
+            reg_cv: Condvar::new(),
+            tmp_counter: AtomicU64::new(0),
+        })
+    }
+
+    // ---- frames out -------------------------------------------------------------------
+
+    /// Writes one whole frame (one `write` for all but huge frames: nothing sits in a
+    /// buffer). A failed write means the host is gone: shut down.
+    fn send(&'static self, frame: &[u8]) {
+        if self.out_broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let failed = lock(&self.out).write_all(frame).is_err();
+        if failed && !self.out_broken.swap(true, Ordering::SeqCst) {
+            let h = self;
+            start_thread("shutdown", move || h.shutdown(0));
+        }
+    }
+
+    /// A frame without payload.
+    fn send_empty(&'static self, kind: u8, id: u32) {
+        self.send(&Enc::frame(kind, id).finish());
+    }
+
+    /// A frame whose payload is one u32.
+    fn send_u32(&'static self, kind: u8, id: u32, v: u32) {
+        let mut e = Enc::frame(kind, id);
+        e.u32(v);
+        self.send(&e.finish());
+    }
+
+    /// Sends `buf[HEADER..HEADER + len]` as a data frame, writing the header in place.
+    fn send_data(&'static self, buf: &mut [u8], kind: u8, id: u32, len: usize) {
+        buf[..4].copy_from_slice(&((len + 5) as u32).to_le_bytes());
+        buf[4] = kind;
+        buf[5..HEADER].copy_from_slice(&id.to_le_bytes());
+        self.send(&buf[..HEADER + len]);
+    }
+
+    /// `SPAWN_ERROR`.
+    fn send_spawn_error(&'static self, id: u32, kind: SpawnError, msg: &str) {
+        let mut e = Enc::frame(SPAWN_ERROR, id);
+        e.u8(kind as u8).bytes(msg.as_bytes());
+        self.send(&e.finish());
+    }
+
+    /// `FILE_ERROR`.
+    fn send_file_error(&'static self, id: u32, kind: FileError, path: &[u8], msg: &str) {
+        let mut e = Enc::frame(FILE_ERROR, id);
+        e.u8(kind as u8).bytes(path).bytes(msg.as_bytes());
+        self.send(&e.finish());
+    }
+
+    /// `PROTOCOL_ERROR` (id 0: the connection).
+    fn send_protocol_error(&'static self, msg: &str) {
+        let mut e = Enc::frame(PROTOCOL_ERROR, 0);
+        e.bytes(msg.as_bytes());
+        self.send(&e.finish());
+    }
+
+    /// Kills every tree (SIGKILL at once) and exits.
+    fn shutdown(&'static self, code: i32) -> ! {
+        if self.stopping.swap(true, Ordering::SeqCst) {
+            // Another thread is already shutting down and will exit the process.
+            loop {
+                thread::park();
+            }
+        }
+        self.kill_everything();
+        std::process::exit(code)
+    }
+
+    /// An exec not forgotten yet.
+    fn exec(&self, id: u32) -> Option<Arc<Exec>> {
+        lock(&self.reg).execs.get(&id).map(|t| t.exec.clone())
+    }
+
+    // ---- spawn -------------------------------------------------------------------------
+
+    /// Spawns an exec and its threads; `STARTED` is sent here.
+    fn start_exec(&'static self, id: u32, sp: &Spawn) -> Result<(), (SpawnError, String)> {
+        let plan = self.plan(sp)?;
+        let argv0 = OsStr::from_bytes(&sp.argv[0]);
+        let mut cmd = Command::new(&plan.program);
+        cmd.arg0(argv0)
+            .args(sp.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
+            .env_clear()
+            .envs(plan.env.iter().map(|(k, v)| (k, v)))
+            .process_group(0)
+            .stdin(if sp.stdin_piped {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(d) = &plan.cwd {
+            cmd.current_dir(d);
+        }
+        let switching = plan.switch.is_some();
+        if let Some(c) = plan.switch {
+            sys::switch_user(&mut cmd, c.uid, c.gid, c.groups);
+        }
+        let (wake_r, wake_w) =
+            io::pipe().map_err(|e| (spawn_error_kind(&e, false), e.to_string()))?;
+        let (ex, mut child) = {
+            // The registry stays locked from the spawn to the root's registration, so the
+            // reaper cannot reap the root (or a child std waits for itself) before.
+            let mut r = lock(&self.reg);
+            let child = cmd.spawn().map_err(|e| {
+                (
+                    spawn_error_kind(&e, switching),
+                    format!("{}: {e}", String::from_utf8_lossy(&sp.argv[0])),
+                )
+            })?;
+            let pid = child.id() as i32;
+            let start = read_stat(pid, &mut Vec::new()).map_or(0, |p| p.start);
+            let ex = Arc::new(Exec {
+                id,
+                root: pid,
+                marker: plan.marker,
+                flow: Flow::new(),
+                st: Mutex::new(ExecState {
+                    piped: sp.stdin_piped,
+                    ..ExecState::default()
+                }),
+                cv: Condvar::new(),
+                wake: wake_w,
+            });
+            r.execs.insert(
+                id,
+                Tracked {
+                    exec: ex.clone(),
+                    start,
+                    end: None,
+                    pids: HashMap::new(),
+                },
+            );
+            r.roots.insert(pid, id);
+            r.spawned += 1;
+            self.reg_cv.notify_all();
+            (ex, child)
+        };
+        let stdin = child.stdin.take().map(|p| File::from(OwnedFd::from(p)));
+        let pipes = [
+            child.stdout.take().map(|p| File::from(OwnedFd::from(p))),
+            child.stderr.take().map(|p| File::from(OwnedFd::from(p))),
+        ];
+        drop(child); // Never waited on: the reaper owns waiting.
+        let h = self;
+        let ex_out = ex.clone();
+        let mut ok = start_thread("output", move || h.output_thread(&ex_out, pipes, wake_r));
+        if ok && let Some(p) = stdin {
+            let ex_in = ex.clone();
+            ok = start_thread("stdin", move || h.stdin_thread(&ex_in, p));
+        }
+        if !ok {
+            lock(&ex.st).done = true;
+            ex.cv.notify_all();
+            let mut r = lock(&self.reg);
+            // Still unreaped (the registry is locked): the pid is ours.
+            sys::signal(-ex.root, sys::SIGKILL);
+            sys::signal(ex.root, sys::SIGKILL);
+            r.roots.remove(&ex.root);
+            r.execs.remove(&id);
+            return Err((SpawnError::Resources, "cannot start a thread".into()));
+        }
+        {
+            let mut st = lock(&ex.st);
+            self.send_u32(STARTED, id, ex.root as u32);
+            st.started = true;
+        }
+        ex.cv.notify_all();
+        Ok(())
+    }
+
+    /// Resolves user, environment, working directory and program of a `SPAWN`.
+    fn plan(&self, sp: &Spawn) -> Result<Plan, (SpawnError, String)> {
+        let Some(prog) = sp.argv.first() else {
+            return Err((SpawnError::Other, "empty argv".into()));
+        };
+        if prog.is_empty() {
+            return Err((SpawnError::NotFound, "empty program name".into()));
+        }
+        let creds = match &sp.user {
+            Some(u) => Some(resolve_user(u)?),
+            None => None,
+        };
+        let switch = match &creds {
+            Some(c) if self.root => Some(c.clone()),
+            Some(c) if c.uid == self.uid && c.gid == self.gid => None,
+            Some(c) => {
+                return Err((
+                    SpawnError::UserDenied,
+                    format!(
+                        "the helper runs as {}:{} and cannot switch to {}:{}",
+                        self.uid, self.gid, c.uid, c.gid
+                    ),
+                ));
+            }
+            None => None,
+        };
+
+        let mut env = self.base_env.clone();
+        let mut marker = Vec::new();
+        let mut home_set = false;
+        for (k, v) in &sp.env {
+            if k.as_slice() == EXEC_ID_VAR {
+                marker.clone_from(v);
+            }
+            home_set |= k.as_slice() == b"HOME";
+            set_env(&mut env, k, v);
+        }
+        if let (Some(c), false) = (&creds, home_set) {
+            set_env(&mut env, b"HOME", &c.home);
+        }
+
+        let dir = match &sp.working_dir {
+            Some(d) => self.cwd.join(OsStr::from_bytes(d)),
+            None => self.cwd.clone(),
+        };
+        let mut cwd = None;
+        if sp.working_dir.is_some() || switch.is_some() {
+            let shown = dir.display();
+            let m = fs::metadata(&dir).map_err(|e| {
+                let kind = match e.raw_os_error() {
+                    Some(ENOENT | ENOTDIR) => SpawnError::WorkingDirMissing,
+                    Some(EACCES | EPERM) => SpawnError::WorkingDirDenied,
+                    _ => SpawnError::Other,
+                };
+                (kind, format!("working directory {shown}: {e}"))
+            })?;
+            if !m.is_dir() {
+                return Err((
+                    SpawnError::WorkingDirMissing,
+                    format!("working directory {shown}: not a directory"),
+                ));
+            }
+            let enterable = match &switch {
+                Some(c) => can_search_as(&dir, c),
+                None => sys::can_execute(&dir),
+            };
+            if !enterable {
+                return Err((
+                    SpawnError::WorkingDirDenied,
+                    format!("working directory {shown}: permission denied"),
+                ));
+            }
+            if self.cwd_id != Some((m.dev(), m.ino())) {
+                cwd = Some(dir.clone());
+            }
+        }
+
+        // The program is resolved here, so std takes its posix_spawn path (it falls back to
+        // fork+exec for a bare name with a PATH of its own) and PATH is the exec's.
+        let program = if prog.contains(&b'/') {
+            dir.join(OsStr::from_bytes(prog))
+        } else {
+            let path = env
+                .iter()
+                .find(|(k, _)| k.as_bytes() == b"PATH")
+                .map(|(_, v)| v.as_bytes());
+            find_program(prog, path, &dir, switch.as_ref())?
+        };
+        Ok(Plan {
+            program,
+            env,
+            cwd,
+            switch,
+            marker,
+        })
+    }
+
+    // ---- exec threads ------------------------------------------------------------------
+
+    /// Reads the exec's stdout and stderr under the credit rule, then sends `EXIT`.
+    fn output_thread(&'static self, ex: &Exec, mut pipes: [Option<File>; 2], wake: io::PipeReader) {
+        const KINDS: [u8; 2] = [STDOUT, STDERR];
+        if !ex.wait_started() {
+            return;
+        }
+        let mut wake = File::from(OwnedFd::from(wake));
+        let mut buf = vec![0u8; HEADER + CHUNK];
+        let mut reaped = false;
+        // Once the root is reaped: what is still buffered in each pipe, the rest is dropped.
+        let mut budget = [usize::MAX; 2];
+        loop {
+            if !reaped && ex.status().is_some() {
+                reaped = true;
+                for (i, p) in pipes.iter().enumerate() {
+                    if let Some(f) = p {
+                        budget[i] = sys::readable_bytes(f.as_raw_fd());
+                    }
+                }
+            }
+            if reaped {
+                for (i, p) in pipes.iter_mut().enumerate() {
+                    if budget[i] == 0 {
+                        *p = None;
+                    }
+                }
+            }
+            if pipes.iter().all(Option::is_none) {
+                break;
+            }
+            let mut fds = [sys::PollFd::default(); 3];
+            let mut slots = [usize::MAX; 3];
+            let mut n = 0;
+            for (i, p) in pipes.iter().enumerate() {
+                if let Some(f) = p {
+                    fds[n] = sys::PollFd {
+                        fd: f.as_raw_fd(),
+                        events: sys::POLLIN,
+                        revents: 0,
+                    };
+                    slots[n] = i;
+                    n += 1;
+                }
+            }
+            let wake_slot = (!reaped).then(|| {
+                fds[n] = sys::PollFd {
+                    fd: wake.as_raw_fd(),
+                    events: sys::POLLIN,
+                    revents: 0,
+                };
+                n += 1;
+                n - 1
+            });
+            match sys::poll_fds(&mut fds[..n], if reaped { 0 } else { -1 }) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+            let mut progress = false;
+            for (k, fd) in fds[..n].iter().enumerate() {
+                if Some(k) == wake_slot {
+                    if fd.revents != 0 {
+                        let mut b = [0u8; 16];
+                        let _ = wake.read(&mut b);
+                    }
+                    continue;
+                }
+                let i = slots[k];
+                if fd.revents & sys::POLLIN != 0 {
+                    progress = true;
+                    let credit = ex.flow.available();
+                    let want = (CHUNK as u64).min(credit).min(budget[i] as u64) as usize;
+                    let Some(f) = pipes[i].as_mut() else { continue };
+                    match f.read(&mut buf[HEADER..HEADER + want]) {
+                        Ok(0) => pipes[i] = None,
+                        Ok(m) => {
+                            self.send_data(&mut buf, KINDS[i], ex.id, m);
+                            ex.flow.consume(m);
+                            if reaped {
+                                budget[i] = budget[i].saturating_sub(m);
+                            }
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                ErrorKind::Interrupted | ErrorKind::WouldBlock
+                            ) => {}
+                        Err(_) => pipes[i] = None,
+                    }
+                } else if fd.revents & (sys::POLLHUP | sys::POLLERR | sys::POLLNVAL) != 0 {
+                    progress = true;
+                    pipes[i] = None;
+                }
+            }
+            if reaped && !progress {
+                // Nothing buffered any more; a background process holds the pipe: stop.
+                pipes = [None, None];
+            }
+        }
+        let mut st = lock(&ex.st);
+        while st.status.is_none() {
+            st = wait(&ex.cv, st);
+        }
+        let status = st.status.unwrap_or(0);
+        let (kind, value) = if status & 0x7f == 0 {
+            (EXITED, (status >> 8) & 0xff)
+        } else {
+            (SIGNALED, status & 0x7f)
+        };
+        let mut e = Enc::frame(EXIT, ex.id);
+        e.u8(kind).u32(value as u32);
+        st.done = true;
+        self.send(&e.finish());
+        drop(st);
+        ex.cv.notify_all();
+        self.exec_finished(ex.id);
+    }
+
+    /// Feeds the exec's stdin from its queue, acknowledging what was written or dropped.
+    fn stdin_thread(&'static self, ex: &Exec, pipe: File) {
+        let _ = sys::set_nonblocking(pipe.as_raw_fd());
+        if !ex.wait_started() {
+            return;
+        }
+        let mut broken = false;
+        loop {
+            let chunk = {
+                let mut st = lock(&ex.st);
+                loop {
+                    if st.done {
+                        return;
+                    }
+                    if let Some(c) = st.queue.pop_front() {
+                        break c;
+                    }
+                    if st.eof {
+                        return; // Closes the pipe: the process sees EOF.
+                    }
+                    st = wait(&ex.cv, st);
+                }
+            };
+            if !broken {
+                match write_nonblocking(ex, &pipe, &chunk) {
+                    Written::All => {}
+                    Written::Broken => broken = true,
+                    Written::Done => return,
+                }
+            }
+            let mut st = lock(&ex.st);
+            if st.done {
+                return;
+            }
+            st.queued = st.queued.saturating_sub(chunk.len());
+            self.send_u32(STDIN_ACK, ex.id, chunk.len() as u32);
+        }
+    }
+
+    /// After `EXIT`: forget the exec unless some of its processes live on.
+    fn exec_finished(&self, id: u32) {
+        let procs = scan();
+        let mut r = lock(&self.reg);
+        self.update_tracking(&mut r, &procs);
+        let idle = r.execs.get(&id).is_some_and(|t| {
+            t.pids.keys().all(|pid| {
+                procs
+                    .iter()
+                    .find(|p| p.pid == *pid)
+                    .is_none_or(|p| p.zombie)
+            })
+        });
+        if idle {
+            r.forget(id);
+        }
+    }
+
+    // ---- reaping and tracking ----------------------------------------------------------
+
+    /// Waits for every child: roots' statuses go to their exec, orphans are just reaped.
+    fn reaper(&'static self) {
+        loop {
+            let generation = lock(&self.reg).spawned;
+            match sys::wait_exited() {
+                Ok(pid) => self.reap(pid),
+                Err(e) if e.raw_os_error() == Some(ECHILD) => {
+                    let mut r = lock(&self.reg);
+                    while r.spawned == generation {
+                        r = wait(&self.reg_cv, r);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Reaps one exited child and hands a root's status to its exec.
+    fn reap(&self, pid: i32) {
+        let mut r = lock(&self.reg);
+        // Under the lock: a spawn in progress finishes (and registers its root) first, and
+        // a child std reaped itself (failed exec) is simply gone.
+        let Ok(Some(status)) = sys::reap(pid) else {
+            return;
+        };
+        let Some(id) = r.roots.remove(&pid) else {
+            return;
+        };
+        let now = now_ticks();
+        let ex = r.execs.get_mut(&id).map(|t| {
+            t.end = Some(now);
+            t.exec.clone()
+        });
+        drop(r);
+        if let Some(ex) = ex {
+            ex.reaped(status);
+        }
+    }
+
+    /// Re-reads `/proc` every `TRACK_INTERVAL_MS` while some exec runs.
+    fn tracker(&'static self) {
+        loop {
+            {
+                let mut r = lock(&self.reg);
+                while r.roots.is_empty() {
+                    r = wait(&self.reg_cv, r);
+                }
+            }
+            thread::sleep(Duration::from_millis(TRACK_INTERVAL_MS));
+            let procs = scan();
+            let mut r = lock(&self.reg);
+            self.update_tracking(&mut r, &procs);
+            let idle: Vec<u32> = r
+                .execs
+                .iter()
+                .filter(|(_, t)| t.pids.is_empty() && t.exec.is_done())
+                .map(|(id, _)| *id)
+                .collect();
+            for id in idle {
+                r.forget(id);
+            }
+        }
+    }
+
+    /// Records, per exec, every process descending from its root or its tracked processes.
+    /// An untracked orphan (re-parented to the helper) is attributed to an exec only when
+    /// exactly one exec lived when it started.
+    fn update_tracking(&self, r: &mut Registry, procs: &[Proc]) {
+        let index: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
+        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+        for p in procs {
+            children.entry(p.ppid).or_default().push(p.pid);
+        }
+        let Registry {
+            execs,
+            roots,
+            history,
+            ..
+        } = r;
+        for t in execs.values_mut() {
+            t.pids
+                .retain(|pid, start| index.get(pid).is_some_and(|p| p.start == *start));
+        }
+        let owned: HashSet<i32> = execs
+            .values()
+            .flat_map(|t| t.pids.keys().copied())
+            .chain(roots.keys().copied())
+            .collect();
+        for p in procs {
+            if p.ppid != self.pid || p.zombie || owned.contains(&p.pid) {
+                continue;
+            }
+            let lived =
+                |start: u64, end: Option<u64>| start <= p.start && end.is_none_or(|e| p.start <= e);
+            let mut hits = execs.iter().filter(|(_, t)| lived(t.start, t.end));
+            let (Some((&id, _)), None) = (hits.next(), hits.next()) else {
+                continue;
+            };
+            if history.iter().any(|&(s, e)| lived(s, Some(e))) {
+                continue;
+            }
+            if let Some(t) = execs.get_mut(&id) {
+                t.pids.insert(p.pid, p.start);
+            }
+        }
+        for t in execs.values_mut() {
+            let mut stack: Vec<i32> = t.pids.keys().copied().collect();
+            if roots.contains_key(&t.exec.root) {
+                stack.push(t.exec.root);
+            }
+            while let Some(pid) = stack.pop() {
+                for &c in children.get(&pid).map_or(&[][..], Vec::as_slice) {
+                    if c == self.pid || t.pids.contains_key(&c) {
+                        continue;
+                    }
+                    if let Some(p) = index.get(&c) {
+                        t.pids.insert(c, p.start);
+                        stack.push(c);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- kill --------------------------------------------------------------------------
+
+    /// Processes of `seeds`, of the markers, their groups and sessions, and descendants.
+    fn collect(
+        &self,
+        procs: &[Proc],
+        seeds: &HashSet<i32>,
+        markers: &[Vec<u8>],
+    ) -> HashMap<i32, u64> {
+        let pid1 = procs.iter().find(|p| p.pid == 1);
+        let excluded = |g: i32| {
+            g <= 1
+                || g == self.pgid
+                || g == self.sid
+                || g == self.pid
+                || pid1.is_some_and(|p| g == p.pgid || g == p.sid)
+        };
+        let mine = |pid: i32| pid <= 1 || pid == self.pid;
+        let mut set: HashMap<i32, u64> = procs
+            .iter()
+            .filter(|p| seeds.contains(&p.pid) && !mine(p.pid))
+            .map(|p| (p.pid, p.start))
+            .collect();
+        let needles: Vec<Vec<u8>> = markers
+            .iter()
+            .filter(|m| !m.is_empty())
+            .map(|m| [EXEC_ID_VAR, b"=", m].concat())
+            .collect();
+        if !needles.is_empty() {
+            for p in procs {
+                if !mine(p.pid) && !set.contains_key(&p.pid) && environ_matches(p.pid, &needles) {
+                    set.insert(p.pid, p.start);
+                }
+            }
+        }
+        let index: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
+        let groups: HashSet<i32> = set
+            .keys()
+            .filter_map(|pid| index.get(pid))
+            .map(|p| p.pgid)
+            .filter(|&g| !excluded(g))
+            .collect();
+        let sessions: HashSet<i32> = set
+            .keys()
+            .filter_map(|pid| index.get(pid))
+            .map(|p| p.sid)
+            .filter(|&s| !excluded(s))
+            .collect();
+        for p in procs {
+            if !mine(p.pid) && (groups.contains(&p.pgid) || sessions.contains(&p.sid)) {
+                set.insert(p.pid, p.start);
+            }
+        }
+        let mut children: HashMap<i32, Vec<&Proc>> = HashMap::new();
+        for p in procs {
+            children.entry(p.ppid).or_default().push(p);
+        }
+        let mut stack: Vec<i32> = set.keys().copied().collect();
+        while let Some(pid) = stack.pop() {
+            for c in children.get(&pid).map_or(&[][..], Vec::as_slice) {
+                if !mine(c.pid) && !set.contains_key(&c.pid) {
+                    set.insert(c.pid, c.start);
+                    stack.push(c.pid);
+                }
+            }
+        }
+        set
+    }
+
+    /// A fresh tracking pass, then the exec's collection (empty for an unknown id).
+    fn collect_exec(&self, id: u32) -> HashMap<i32, u64> {
+        let procs = scan();
+        let (seeds, marker) = {
+            let mut r = lock(&self.reg);
+            self.update_tracking(&mut r, &procs);
+            let Some(t) = r.execs.get(&id) else {
+                return HashMap::new();
+            };
+            let mut seeds: HashSet<i32> = t.pids.keys().copied().collect();
+            if r.roots.contains_key(&t.exec.root) {
+                seeds.insert(t.exec.root);
+            }
+            (seeds, t.exec.marker.clone())
+        };
+        self.collect(&procs, &seeds, &[marker])
+    }
+
+    /// Signals every live (non-zombie, same start time) process of `set`; how many.
+    fn signal_set(&self, set: &HashMap<i32, u64>, sig: i32) -> usize {
+        // Locked: no child of ours is reaped (so no pid of ours reused) meanwhile.
+        let _r = lock(&self.reg);
+        let mut buf = Vec::with_capacity(512);
+        let mut n = 0;
+        for (&pid, &start) in set {
+            if pid <= 1 || pid == self.pid {
+                continue;
+            }
+            if read_stat(pid, &mut buf).is_some_and(|p| p.start == start && !p.zombie)
+                && sys::signal(pid, sig)
+            {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// How many processes of `set` are still alive (not zombies).
+    fn alive(&self, set: &HashMap<i32, u64>) -> usize {
+        let mut buf = Vec::with_capacity(512);
+        set.iter()
+            .filter(|&(&pid, &start)| {
+                read_stat(pid, &mut buf).is_some_and(|p| p.start == start && !p.zombie)
+            })
+            .count()
+    }
+
+    /// `KILL`: stop, collect again, TERM + CONT, grace, KILL; then `KILLED`.
+    fn kill_exec(&'static self, id: u32) {
+        let mut set = self.collect_exec(id);
+        self.signal_set(&set, sys::SIGSTOP);
+        set.extend(self.collect_exec(id));
+        self.signal_set(&set, sys::SIGTERM);
+        self.signal_set(&set, sys::SIGCONT);
+        let deadline = Instant::now() + Duration::from_millis(KILL_GRACE_MS);
+        while self.alive(&set) > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        for _ in 0..8 {
+            set.extend(self.collect_exec(id));
+            if self.signal_set(&set, sys::SIGKILL) == 0 {
+                break;
+            }
+            let until = Instant::now() + Duration::from_millis(500);
+            while self.alive(&set) > 0 && Instant::now() < until {
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        {
+            let mut r = lock(&self.reg);
+            if let Some(t) = r.execs.get_mut(&id) {
+                t.pids.clear();
+                if t.exec.is_done() {
+                    r.forget(id);
+                }
+            }
+        }
+        self.send_empty(KILLED, id);
+    }
+
+    /// SIGKILLs every tree the helper started (stdin ended or the protocol broke).
+    fn kill_everything(&self) {
+        for round in 0..10 {
+            let procs = scan();
+            let (mut seeds, markers) = {
+                let mut r = lock(&self.reg);
+                if round == 0 {
+                    for &root in r.roots.keys() {
+                        sys::signal(-root, sys::SIGKILL);
+                        sys::signal(root, sys::SIGKILL);
+                    }
+                }
+                self.update_tracking(&mut r, &procs);
+                let mut seeds: HashSet<i32> = r.roots.keys().copied().collect();
+                for t in r.execs.values() {
+                    seeds.extend(t.pids.keys().copied());
+                }
+                let markers: Vec<Vec<u8>> =
+                    r.execs.values().map(|t| t.exec.marker.clone()).collect();
+                (seeds, markers)
+            };
+            seeds.extend(procs.iter().filter(|p| p.ppid == self.pid).map(|p| p.pid));
+            let set = self.collect(&procs, &seeds, &markers);
+            if self.signal_set(&set, sys::SIGKILL) == 0 {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    // ---- GET ---------------------------------------------------------------------------
+
+    /// Streams a path (and, for a directory, everything below it) to the host.
+    fn get_tree(
+        &'static self,
+        id: u32,
+        path: &[u8],
+        flow: &Flow,
+    ) -> Result<(), (FileError, Vec<u8>, String)> {
+        let root = PathBuf::from(OsStr::from_bytes(path));
+        let invalid = |m: &str| (FileError::Invalid, Vec::new(), m.to_string());
+        if !root.is_absolute() {
+            return Err(invalid("the path must be absolute"));
+        }
+        let Some(base) = root.file_name() else {
+            return Err(invalid("the path has no base name"));
+        };
+        let mut buf = vec![0u8; HEADER + CHUNK];
+        let mut stack = vec![(root.clone(), base.as_bytes().to_vec())];
+        let mut first = true;
+        while let Some((abs, rel)) = stack.pop() {
+            let io_err = |e: &io::Error| (file_error_kind(e), rel.clone(), e.to_string());
+            let md = match fs::symlink_metadata(&abs) {
+                Ok(m) => m,
+                // Vanished while we walked: skip it (the path asked for must exist).
+                Err(e) if !first && e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err(&e)),
+            };
+            first = false;
+            let ft = md.file_type();
+            if ft.is_dir() {
+                let mut names: Vec<OsString> = fs::read_dir(&abs)
+                    .map_err(|e| io_err(&e))?
+                    .filter_map(|e| e.ok().map(|e| e.file_name()))
+                    .collect();
+                self.send_entry(id, &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()));
+                names.sort();
+                for name in names.into_iter().rev() {
+                    let mut r = rel.clone();
+                    r.push(b'/');
+                    r.extend_from_slice(name.as_bytes());
+                    stack.push((abs.join(&name), r));
+                }
+            } else if ft.is_symlink() {
+                let link = fs::read_link(&abs).map_err(|e| io_err(&e))?;
+                let link = link.into_os_string().into_vec();
+                self.send_entry(id, &entry_of(&rel, SYMLINK, &md, 0, link));
+            } else if ft.is_file() {
+                const O_NOFOLLOW: i32 = 0o400000;
+                const O_NONBLOCK: i32 = 0o4000;
+                let mut f = OpenOptions::new()
+                    .read(true)
+                    .custom_flags(O_NOFOLLOW | O_NONBLOCK)
+                    .open(&abs)
+                    .map_err(|e| io_err(&e))?;
+                let md = f.metadata().map_err(|e| io_err(&e))?;
+                if !md.is_file() {
+                    continue;
+                }
+                let size = md.len();
+                self.send_entry(id, &entry_of(&rel, REGULAR, &md, size, Vec::new()));
+                let mut left = size;
+                let mut eof = false;
+                while left > 0 {
+                    let want = (CHUNK as u64).min(left).min(flow.available()) as usize;
+                    let mut got = 0;
+                    while !eof && got < want {
+                        match f.read(&mut buf[HEADER + got..HEADER + want]) {
+                            Ok(0) => eof = true,
+                            Ok(m) => got += m,
+                            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                            Err(e) => return Err(io_err(&e)),
+                        }
+                    }
+                    if eof {
+                        // The file shrank: pad with zeros to the announced size.
+                        buf[HEADER + got..HEADER + want].fill(0);
+                    }
+                    self.send_data(&mut buf, STDOUT, id, want);
+                    flow.consume(want);
+                    left -= want as u64;
+                }
+            }
+            // Other types (fifo, socket, device) have no entry type: skipped.
+        }
+        Ok(())
+    }
+
+    /// An `ENTRY` frame.
+    fn send_entry(&'static self, id: u32, e: &Entry) {
+        let mut enc = Enc::frame(ENTRY, id);
+        e.encode(&mut enc);
+        self.send(&enc.finish());
+    }
+
+    /// A temporary name next to `dest`.
+    fn temp_path(&self, dest: &Path) -> PathBuf {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        let name = format!(".runcell-tmp-{}-{n}", self.pid);
+        match dest.parent() {
+            Some(p) => p.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+}
+
+/// The resolved parts of a `SPAWN`.
+struct Plan {
+    program: PathBuf,
+    env: Vec<(OsString, OsString)>,
+    /// Set only when it differs from the helper's own (keeps std's posix_spawn path).
+    cwd: Option<PathBuf>,
+    /// The user to switch to in the child (the helper runs as root).
+    switch: Option<Creds>,
+    marker: Vec<u8>,
+}
+
+/// How a stdin write ended.
+enum Written {
+    All,
+    /// The process closed its stdin (EPIPE) or another error: drop from now on.
+    Broken,
+    /// The exec is over.
+    Done,
+}
+
+/// Writes all of `data` to a non-blocking pipe, waking every 200 ms to notice the end of
+/// the exec (a background process may hold the pipe without reading).
+fn write_nonblocking(ex: &Exec, pipe: &File, data: &[u8]) -> Written {
+    let mut off = 0;
+    while off < data.len() {
+        match (&*pipe).write(&data[off..]) {
+            Ok(0) => return Written::Broken,
+            Ok(n) => off += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let mut fds = [sys::PollFd {
+                    fd: pipe.as_raw_fd(),
+                    events: sys::POLLOUT,
+                    revents: 0,
+                }];
+                let _ = sys::poll_fds(&mut fds, 200);
+                if ex.is_done() {
+                    return Written::Done;
+                }
+            }
+            Err(_) => return Written::Broken,
+        }
+    }
+    Written::All
+}
+
+/// Sets (or replaces) a variable.
+fn set_env(env: &mut Vec<(OsString, OsString)>, k: &[u8], v: &[u8]) {
+    let k = OsStr::from_bytes(k);
+    let v = OsString::from_vec(v.to_vec());
+    match env.iter_mut().find(|(n, _)| n == k) {
+        Some(e) => e.1 = v,
+        None => env.push((k.to_os_string(), v)),
+    }
+}
+
+/// A spawn failure's kind.
+fn spawn_error_kind(e: &io::Error, switching: bool) -> SpawnError {
+    match e.raw_os_error() {
+        Some(ENOENT | ENOTDIR) => SpawnError::NotFound,
+        Some(EACCES | ENOEXEC | EISDIR | ETXTBSY | ELOOP | ENAMETOOLONG) => {
+            SpawnError::NotExecutable
+        }
+        Some(EPERM) if switching => SpawnError::UserDenied,
+        Some(EPERM) => SpawnError::NotExecutable,
+        Some(EAGAIN | ENOMEM | EMFILE | ENFILE) => SpawnError::Resources,
+        _ => SpawnError::Other,
+    }
+}
+
+/// A file operation failure's kind.
+fn file_error_kind(e: &io::Error) -> FileError {
+    match e.raw_os_error() {
+        Some(ENOENT) => FileError::NotFound,
+        Some(ENOTDIR) => FileError::NotDir,
+        Some(EISDIR) => FileError::IsDir,
+        Some(EACCES | EPERM) => FileError::Denied,
+        _ => FileError::Other,
+    }
+}
+
+/// An `ENTRY` for a `GET`.
+fn entry_of(rel: &[u8], kind: u8, md: &Metadata, size: u64, link: Vec<u8>) -> Entry {
+    Entry {
+        path: rel.to_vec(),
+        kind,
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        mtime: md.mtime(),
+        size,
+        link,
+    }
+}
+
+// ---- users -----------------------------------------------------------------------------
+
+/// A resolved per-exec user.
+#[derive(Debug, Clone)]
+struct Creds {
+    uid: u32,
+    gid: u32,
+    /// Supplementary groups, the primary gid first.
+    groups: Vec<u32>,
+    home: Vec<u8>,
+}
+
+/// Lines of a colon-separated database (`/etc/passwd`, `/etc/group`); missing = empty.
+fn read_db(path: &str) -> Vec<Vec<Vec<u8>>> {
+    let data = fs::read(path).unwrap_or_default();
+    data.split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .filter(|l| !l.is_empty() && !matches!(l[0], b'#' | b'+' | b'-'))
+        .map(|l| l.split(|&b| b == b':').map(<[u8]>::to_vec).collect())
+        .collect()
+}
+
+/// A decimal id.
+fn parse_id(b: &[u8]) -> Option<u32> {
+    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// Resolves `name`, `uid`, `name:group`, `uid:gid`, `uid:group` or `name:gid` from the
+/// image's `/etc/passwd` and `/etc/group`, as runc does (a numeric uid not in passwd gets
+/// gid 0, or the given one, and home `/`).
+fn resolve_user(spec: &[u8]) -> Result<Creds, (SpawnError, String)> {
+    let shown = String::from_utf8_lossy(spec);
+    let unknown = |what: &str| (SpawnError::UnknownUser, format!("{what} in user {shown}"));
+    let (u, g) = match spec.iter().position(|&b| b == b':') {
+        Some(i) => (&spec[..i], Some(&spec[i + 1..])),
+        None => (spec, None),
+    };
+    if u.is_empty() || g.is_some_and(<[u8]>::is_empty) {
+        return Err(unknown("empty name"));
+    }
+    let passwd = read_db("/etc/passwd");
+    let numeric = parse_id(u);
+    let entry = passwd.iter().find(|f| {
+        f.len() >= 4
+            && match numeric {
+                Some(uid) => parse_id(&f[2]) == Some(uid),
+                None => f[0] == u,
+            }
+    });
+    let (uid, primary, home, name) = match (entry, numeric) {
+        (Some(f), _) => {
+            let uid = parse_id(&f[2]).ok_or_else(|| unknown("malformed passwd entry"))?;
+            let home = f
+                .get(5)
+                .filter(|h| !h.is_empty())
+                .cloned()
+                .unwrap_or_else(|| b"/".to_vec());
+            (uid, parse_id(&f[3]).unwrap_or(0), home, Some(f[0].clone()))
+        }
+        (None, Some(uid)) => (uid, 0, b"/".to_vec(), None),
+        (None, None) => return Err(unknown("unknown user")),
+    };
+    let group = read_db("/etc/group");
+    let gid = match g {
+        None => primary,
+        Some(g) => match parse_id(g) {
+            Some(gid) => gid,
+            None => group
+                .iter()
+                .find(|f| f.len() >= 3 && f[0] == g)
+                .and_then(|f| parse_id(&f[2]))
+                .ok_or_else(|| unknown("unknown group"))?,
+        },
+    };
+    let mut groups = vec![gid];
+    if let Some(name) = &name {
+        for f in &group {
+            if f.len() >= 4
+                && f[3]
+                    .split(|&b| b == b',')
+                    .any(|m| m.trim_ascii() == name.as_slice())
+                && let Some(n) = parse_id(&f[2])
+                && !groups.contains(&n)
+            {
+                groups.push(n);
+            }
+        }
+    }
+    Ok(Creds {
+        uid,
+        gid,
+        groups,
+        home,
+    })
+}
+
+/// Whether `c` has permission `bit` (4 read, 2 write, 1 execute/search) by mode bits.
+fn permitted(md: &Metadata, c: &Creds, bit: u32) -> bool {
+    let mode = md.mode();
+    if c.uid == 0 {
+        return bit != 1 || md.is_dir() || mode & 0o111 != 0;
+    }
+    let shift = if md.uid() == c.uid {
+        6
+    } else if c.groups.contains(&md.gid()) {
+        3
+    } else {
+        0
+    };
+    (mode >> shift) & bit != 0
+}
+
+/// Whether `c` may enter `dir`: search permission on it and every ancestor.
+fn can_search_as(dir: &Path, c: &Creds) -> bool {
+    if c.uid == 0 {
+        return true;
+    }
+    let Ok(real) = fs::canonicalize(dir) else {
+        return false;
+    };
+    real.ancestors()
+        .all(|a| fs::metadata(a).is_ok_and(|m| permitted(&m, c, 1)))
+}
+
+/// Looks a bare program name up on `PATH` like `execvp` (an empty entry is the working
+/// directory; no PATH: `/bin:/usr/bin`).
+fn find_program(
+    name: &[u8],
+    path: Option<&[u8]>,
+    dir: &Path,
+    switch: Option<&Creds>,
+) -> Result<PathBuf, (SpawnError, String)> {
+    let mut denied = false;
+    for entry in path.unwrap_or(b"/bin:/usr/bin").split(|&b| b == b':') {
+        let entry: &[u8] = if entry.is_empty() { b"." } else { entry };
+        let cand = dir
+            .join(OsStr::from_bytes(entry))
+            .join(OsStr::from_bytes(name));
+        match fs::metadata(&cand) {
+            Ok(m) if m.is_file() => {
+                let ok = match switch {
+                    Some(c) => permitted(&m, c, 1),
+                    None => sys::can_execute(&cand),
+                };
+                if ok {
+                    return Ok(cand);
+                }
+                denied = true;
+            }
+            Ok(_) => denied = true,
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => denied = true,
+            Err(_) => {}
+        }
+    }
+    let shown = String::from_utf8_lossy(name);
+    Err(if denied {
+        (
+            SpawnError::NotExecutable,
+            format!("{shown}: permission denied"),
+        )
+    } else {
+        (SpawnError::NotFound, format!("{shown}: not found on PATH"))
+    })
+}
+
+// ---- the reader loop -------------------------------------------------------------------
+
+/// A `PUT` or `GET` in progress.
+enum FileOp {
+    Put(Put),
+    Get(Arc<Flow>),
+}
+
+/// A `PUT` in progress.
+struct Put {
+    base: PathBuf,
+    /// After the first error the operation's frames are discarded (STDIN still acked).
+    failed: bool,
+    /// The regular file whose data is being received.
+    file: Option<PutFile>,
+}
+
+/// A regular file being written under a temporary name.
+struct PutFile {
+    rel: Vec<u8>,
+    tmp: PathBuf,
+    dest: PathBuf,
+    file: File,
+    left: u64,
+    entry: Entry,
+}
+
+/// A failure of a `PUT`: kind, relative path, message.
+type PutError = (FileError, Vec<u8>, String);
+
+impl PutFile {
+    /// Owner, mode, mtime, then the rename over the destination.
+    fn finish(self, root: bool) -> Result<(), PutError> {
+        let e = &self.entry;
+        let r = (|| {
+            if root {
+                std::os::unix::fs::fchown(&self.file, Some(e.uid), Some(e.gid))?;
+            }
+            self.file
+                .set_permissions(Permissions::from_mode(e.mode & 0o7777))?;
+            if e.mtime > 0 {
+                let _ = self
+                    .file
+                    .set_modified(UNIX_EPOCH + Duration::from_secs(e.mtime as u64));
+            }
+            fs::rename(&self.tmp, &self.dest)
+        })();
+        r.map_err(|err| {
+            let _ = fs::remove_file(&self.tmp);
+            (file_error_kind(&err), self.rel.clone(), err.to_string())
+        })
+    }
+
+    /// Removes the temporary file.
+    fn abandon(self) {
+        drop(self.file);
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+impl Put {
+    /// The first failure: `FILE_ERROR` once, then the operation's frames are discarded.
+    fn fail(&mut self, h: &'static Helper, id: u32, (kind, rel, msg): PutError) {
+        self.failed = true;
+        if let Some(pf) = self.file.take() {
+            pf.abandon();
+        }
+        h.send_file_error(id, kind, &rel, &msg);
+    }
+
+    /// Applies one `ENTRY`.
+    fn apply(&mut self, h: &Helper, e: Entry) -> Result<(), PutError> {
+        let rel = e.path.clone();
+        let err = |k: FileError, m: &str| (k, rel.clone(), m.to_string());
+        let io_err = |x: io::Error| (file_error_kind(&x), rel.clone(), x.to_string());
+        let valid = !rel.is_empty()
+            && rel
+                .split(|&b| b == b'/')
+                .all(|c| !c.is_empty() && c != b"." && c != b"..");
+        if !valid {
+            return Err(err(FileError::Invalid, "invalid entry path"));
+        }
+        let dest = self.base.join(OsStr::from_bytes(&rel));
+        let mode = e.mode & 0o7777;
+        match e.kind {
+            DIRECTORY => {
+                match fs::symlink_metadata(&dest) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => return Err(err(FileError::NotDir, "a non-directory is in the way")),
+                    Err(x) if x.kind() == ErrorKind::NotFound => fs::DirBuilder::new()
+                        .mode(mode)
+                        .create(&dest)
+                        .map_err(io_err)?,
+                    Err(x) => return Err(io_err(x)),
+                }
+                if h.root {
+                    std::os::unix::fs::lchown(&dest, Some(e.uid), Some(e.gid)).map_err(io_err)?;
+                }
+                fs::set_permissions(&dest, Permissions::from_mode(mode)).map_err(io_err)?;
+            }
+            SYMLINK => {
+                no_directory_at(&dest).map_err(|k| err(k, "a directory is in the way"))?;
+                let tmp = h.temp_path(&dest);
+                std::os::unix::fs::symlink(OsStr::from_bytes(&e.link), &tmp).map_err(io_err)?;
+                let r = if h.root {
+                    std::os::unix::fs::lchown(&tmp, Some(e.uid), Some(e.gid))
+                } else {
+                    Ok(())
+                };
+                if let Err(x) = r.and_then(|()| fs::rename(&tmp, &dest)) {
+                    let _ = fs::remove_file(&tmp);
+                    return Err(io_err(x));
+                }
+            }
+            REGULAR => {
+                no_directory_at(&dest).map_err(|k| err(k, "a directory is in the way"))?;
+                let tmp = h.temp_path(&dest);
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&tmp)
+                    .map_err(io_err)?;
+                let pf = PutFile {
+                    rel,
+                    tmp,
+                    dest,
+                    file,
+                    left: e.size,
+                    entry: e,
+                };
+                if pf.left == 0 {
+                    pf.finish(h.root)?;
+                } else {
+                    self.file = Some(pf);
+                }
+            }
+            k => return Err(err(FileError::Invalid, &format!("unknown entry type {k}"))),
+        }
+        Ok(())
+    }
+
+    /// Data of the current regular file.
+    fn data(&mut self, root: bool, data: &[u8]) -> Result<(), PutError> {
+        let Some(pf) = self.file.as_mut() else {
+            return Err((
+                FileError::Invalid,
+                Vec::new(),
+                "data without a file entry".into(),
+            ));
+        };
+        if data.len() as u64 > pf.left {
+            return Err((
+                FileError::Invalid,
+                pf.rel.clone(),
+                "more data than the entry's size".into(),
+            ));
+        }
+        pf.file
+            .write_all(data)
+            .map_err(|x| (file_error_kind(&x), pf.rel.clone(), x.to_string()))?;
+        pf.left -= data.len() as u64;
+        if let Some(pf) = self.file.take_if(|pf| pf.left == 0) {
+            pf.finish(root)?;
+        }
+        Ok(())
+    }
+}
+
+/// `Err(IsDir)` if a directory is at `dest` (a file or symlink there is replaced).
+fn no_directory_at(dest: &Path) -> Result<(), FileError> {
+    match fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => Err(FileError::IsDir),
+        Err(e) if e.raw_os_error() == Some(ENOTDIR) => Err(FileError::NotDir),
+        _ => Ok(()),
+    }
+}
+
+/// The main thread's state: reads frames and dispatches them.
+struct Conn {
+    h: &'static Helper,
+    files: HashMap<u32, FileOp>,
+}
+
+impl Conn {
+    /// Reads frames until stdin ends (then every tree is killed and the helper exits).
+    fn run(mut self) -> ! {
+        let h = self.h;
+        let mut input = match io::stdin().as_fd().try_clone_to_owned() {
+            Ok(fd) => File::from(fd),
+            Err(_) => h.shutdown(1),
+        };
+        let mut buf: Vec<u8> = Vec::with_capacity(2 * READ_CHUNK);
+        loop {
+            let mut start = 0;
+            loop {
+                match proto::split_frame(&buf[start..]) {
+                    Ok(Some((kind, id, payload, len))) => {
+                        if let Err(msg) = self.handle(kind, id, payload) {
+                            self.protocol_error(&msg);
+                        }
+                        start += len;
+                    }
+                    Ok(None) => break,
+                    Err(_) => self.protocol_error("frame length out of range"),
+                }
+            }
+            buf.drain(..start);
+            if buf.capacity() > 4 * READ_CHUNK && buf.len() < READ_CHUNK {
+                buf.shrink_to(2 * READ_CHUNK);
+            }
+            let old = buf.len();
+            buf.resize(old + READ_CHUNK, 0);
+            match input.read(&mut buf[old..]) {
+                Ok(0) => h.shutdown(0),
+                Ok(n) => buf.truncate(old + n),
+                Err(e) if e.kind() == ErrorKind::Interrupted => buf.truncate(old),
+                Err(_) => h.shutdown(0),
+            }
+        }
+    }
+
+    /// `PROTOCOL_ERROR`, kill every tree, exit 2.
+    fn protocol_error(&self, msg: &str) -> ! {
+        diag(format_args!("protocol error: {msg}"));
+        self.h.send_protocol_error(msg);
+        self.h.shutdown(2)
+    }
+
+    /// Dispatches one frame; `Err` is a protocol error.
+    fn handle(&mut self, kind: u8, id: u32, payload: &[u8]) -> Result<(), String> {
+        let bad = |e: DecodeError| format!("frame kind {kind}: {e}");
+        let mut d = Dec::new(payload);
+        match kind {
+            SPAWN => {
+                let sp = Spawn::decode(&mut d).map_err(bad)?;
+                self.spawn(id, &sp);
+            }
+            STDIN => self.stdin(id, payload)?,
+            STDIN_EOF => self.stdin_eof(id),
+            CREDIT => {
+                let n = d.u32().map_err(bad)?;
+                match self.files.get(&id) {
+                    Some(FileOp::Get(flow)) => flow.grant(n),
+                    _ => {
+                        if let Some(ex) = self.h.exec(id) {
+                            ex.flow.grant(n);
+                        }
+                    }
+                }
+            }
+            KILL => self.kill(id),
+            PING => self.h.send_empty(PONG, id),
+            PUT => {
+                let path = d.bytes().map_err(bad)?.to_vec();
+                self.put(id, path);
+            }
+            GET => {
+                let path = d.bytes().map_err(bad)?.to_vec();
+                self.get(id, path);
+            }
+            ENTRY => {
+                let e = Entry::decode(&mut d).map_err(bad)?;
+                self.entry(id, e);
+            }
+            _ => return Err(format!("unknown frame kind {kind}")),
+        }
+        Ok(())
+    }
+
+    /// Drops finished `GET`s.
+    fn sweep(&mut self) {
+        self.files
+            .retain(|_, op| !matches!(op, FileOp::Get(f) if f.finished.load(Ordering::Acquire)));
+    }
+
+    /// Whether an id names a live exec or file operation.
+    fn in_use(&self, id: u32) -> bool {
+        self.files.contains_key(&id) || self.h.exec(id).is_some()
+    }
+
+    /// `SPAWN`.
+    fn spawn(&mut self, id: u32, sp: &Spawn) {
+        self.sweep();
+        if self.in_use(id) {
+            self.h
+                .send_spawn_error(id, SpawnError::Other, "id already in use");
+            return;
+        }
+        if let Err((kind, msg)) = self.h.start_exec(id, sp) {
+            self.h.send_spawn_error(id, kind, &msg);
+        }
+    }
+
+    /// `STDIN` for a `PUT` or an exec (queued for its stdin thread, never blocking here).
+    fn stdin(&mut self, id: u32, data: &[u8]) -> Result<(), String> {
+        let h = self.h;
+        if let Some(FileOp::Put(p)) = self.files.get_mut(&id) {
+            if !p.failed
+                && let Err(e) = p.data(h.root, data)
+            {
+                p.fail(h, id, e);
+            }
+            h.send_u32(STDIN_ACK, id, data.len() as u32);
+            return Ok(());
+        }
+        let Some(ex) = h.exec(id) else {
+            return Ok(()); // Over (after EXIT nothing is sent): dropped.
+        };
+        let mut st = lock(&ex.st);
+        if st.done {
+            return Ok(());
+        }
+        if !st.piped || st.eof {
+            h.send_u32(STDIN_ACK, id, data.len() as u32);
+            return Ok(());
+        }
+        st.queued += data.len();
+        if st.queued > STDIN_QUEUE_LIMIT {
+            return Err(format!("exec {id}: stdin window exceeded"));
+        }
+        st.queue.push_back(data.to_vec());
+        drop(st);
+        ex.cv.notify_all();
+        Ok(())
+    }
+
+    /// `STDIN_EOF`: the end of a `PUT` (`DONE`) or of an exec's stdin.
+    fn stdin_eof(&mut self, id: u32) {
+        let h = self.h;
+        if matches!(self.files.get(&id), Some(FileOp::Put(_)))
+            && let Some(FileOp::Put(mut p)) = self.files.remove(&id)
+        {
+            if p.failed {
+                return;
+            }
+            match p.file.take() {
+                Some(pf) => {
+                    let rel = pf.rel.clone();
+                    pf.abandon();
+                    h.send_file_error(id, FileError::Invalid, &rel, "short data");
+                }
+                None => h.send_empty(DONE, id),
+            }
+            return;
+        }
+        if let Some(ex) = h.exec(id) {
+            lock(&ex.st).eof = true;
+            ex.cv.notify_all();
+        }
+    }
+
+    /// `KILL`, on a thread of its own.
+    fn kill(&mut self, id: u32) {
+        let h = self.h;
+        if h.exec(id).is_none() {
+            h.send_empty(KILLED, id);
+            return;
+        }
+        if !start_thread("kill", move || h.kill_exec(id)) {
+            h.kill_exec(id);
+        }
+    }
+
+    /// `PUT`: the base directory must exist.
+    fn put(&mut self, id: u32, path: Vec<u8>) {
+        self.sweep();
+        let h = self.h;
+        if self.in_use(id) {
+            h.send_file_error(id, FileError::Other, b"", "id already in use");
+            return;
+        }
+        let base = PathBuf::from(OsString::from_vec(path));
+        let mut put = Put {
+            base,
+            failed: false,
+            file: None,
+        };
+        let err = if put.base.is_absolute() {
+            match fs::metadata(&put.base) {
+                Ok(m) if m.is_dir() => None,
+                Ok(_) => Some((FileError::NotDir, "not a directory".to_string())),
+                Err(e) => Some((file_error_kind(&e), e.to_string())),
+            }
+        } else {
+            Some((
+                FileError::Invalid,
+                "the directory must be an absolute path".into(),
+            ))
+        };
+        if let Some((kind, msg)) = err {
+            put.fail(h, id, (kind, Vec::new(), msg));
+        }
+        self.files.insert(id, FileOp::Put(put));
+    }
+
+    /// `ENTRY` of a `PUT`.
+    fn entry(&mut self, id: u32, e: Entry) {
+        let h = self.h;
+        let Some(FileOp::Put(p)) = self.files.get_mut(&id) else {
+            return;
+        };
+        if p.failed {
+            return;
+        }
+        let r = match &p.file {
+            Some(prev) => Err((FileError::Invalid, prev.rel.clone(), "short data".into())),
+            None => p.apply(h, e),
+        };
+        if let Err(err) = r {
+            p.fail(h, id, err);
+        }
+    }
+
+    /// `GET`, on a thread of its own.
+    fn get(&mut self, id: u32, path: Vec<u8>) {
+        self.sweep();
+        let h = self.h;
+        if self.in_use(id) {
+            h.send_file_error(id, FileError::Other, b"", "id already in use");
+            return;
+        }
+        let flow = Arc::new(Flow::new());
+        self.files.insert(id, FileOp::Get(flow.clone()));
+        let f = flow.clone();
+        let started = start_thread("get", move || {
+            match h.get_tree(id, &path, &f) {
+                Ok(()) => h.send_empty(DONE, id),
+                Err((kind, rel, msg)) => h.send_file_error(id, kind, &rel, &msg),
+            }
+            f.finished.store(true, Ordering::Release);
+        });
+        if !started {
+            self.files.remove(&id);
+            h.send_file_error(id, FileError::Other, b"", "cannot start a thread");
+        }
+    }
+}
