@@ -34,6 +34,15 @@ pub const DEFAULT_NO_SLEEP_IMAGE: &str = "sandbox-test/no-sleep:latest";
 /// The default image whose `sleep` exits at once (`SANDBOX_CONFORMANCE_SLEEP_EXITS_IMAGE`).
 pub const DEFAULT_SLEEP_EXITS_IMAGE: &str = "sandbox-test/sleep-exits:latest";
 
+/// The default image without `tar` (`SANDBOX_CONFORMANCE_NO_TAR_IMAGE`).
+pub const DEFAULT_NO_TAR_IMAGE: &str = "sandbox-test/no-tar:latest";
+
+/// The image without `tar` the file cases of the exec helper use.
+pub fn no_tar_image() -> String {
+    std::env::var("SANDBOX_CONFORMANCE_NO_TAR_IMAGE")
+        .unwrap_or_else(|_| DEFAULT_NO_TAR_IMAGE.into())
+}
+
 /// The image without `sleep` the keep-alive case uses.
 pub fn no_sleep_image() -> String {
     std::env::var("SANDBOX_CONFORMANCE_NO_SLEEP_IMAGE")

@@ -108,8 +108,9 @@ exit 0
 pub enum ExitStatus {
     /// The process exited with this code.
     Exited(i32),
-    /// The process was killed by this signal. Engines report a signal death as exit code
-    /// `128 + N`, so an explicit `exit 137` is reported as `Signaled(9)` too.
+    /// The process was killed by this signal. Through the exec helper this is the real
+    /// wait status. On the plain path engines report a signal death as exit code `128 + N`,
+    /// so there an explicit `exit 137` is reported as `Signaled(9)` too.
     Signaled(i32),
     /// The timeout passed; the process tree was killed.
     TimedOut,

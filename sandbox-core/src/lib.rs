@@ -37,6 +37,7 @@ mod error;
 mod exec;
 pub mod files;
 mod guard;
+mod helper;
 pub mod labels;
 mod progress;
 pub mod raw;
@@ -52,6 +53,7 @@ pub use exec::{
 };
 pub use files::{ByteStream, FileReader};
 pub use guard::{RunGuard, stop_guarded_runs, stop_runs_on_signal};
+pub use helper::{EXEC_HELPER_ENV, ExecHelper, ExecPath, HELPER_DIR};
 pub use progress::{CreateOptions, Progress, ProgressFn};
 pub use reap::{ReapReason, reap};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};

@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,6 +35,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{ExecControl, ExecStream, ExitStatus, OutputChunk};
 use crate::files::{self, ByteStream};
 use crate::guard::CreateGuard;
+use crate::helper::{self, ExecHelper, ExecPath, Session};
 use crate::labels::{self, Owner};
 use crate::progress::{CreateOptions, Progress, ProgressFn};
 use crate::run::{Driver, Run, RunExt, RunInfo};
@@ -191,6 +193,16 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Writes one executable file at `path` (its directory exists: [`crate::HELPER_DIR`])
+    /// in target `id`: how core places the exec helper. Default: [`Backend::put_tar`] of a
+    /// one-file archive. A backend whose `put_tar` needs tools in the image may do it with
+    /// fewer (Kubernetes: `cat` through one exec).
+    async fn put_executable(&self, id: &str, path: &str, contents: bytes::Bytes) -> Result<()> {
+        let (dir, name) = files::split_file_path(path)?;
+        let tar = files::tar_of_files(&[(name, &contents, 0o755)])?;
+        self.put_tar(id, dir, files::byte_stream(tar)).await
+    }
+
     /// What the backend knows of a target that did not stay up: exit code, log tail.
     async fn diagnose(&self, _id: &str) -> Vec<(&'static str, String)> {
         Vec::new()
@@ -214,8 +226,15 @@ impl<B: Backend> Driver for B {
         B::NAME
     }
 
+    /// The backend's capabilities, plus what the exec helper adds on every backend (a
+    /// per-exec user, streamed stdin) unless the helper is off.
     fn capabilities(&self) -> Capabilities {
-        self.supports()
+        let caps = self.supports();
+        if helper::available() && ExecHelper::Auto.effective() != ExecHelper::Off {
+            with_helper(caps)
+        } else {
+            caps
+        }
     }
 
     async fn create_with(&self, spec: &RunSpec, options: CreateOptions) -> Result<Box<dyn Run>> {
@@ -247,10 +266,11 @@ impl<B: Backend> Driver for B {
 
     async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
         self.attach_target(id).await?;
-        Ok(Box::new(CoreRun {
-            backend: self.clone(),
-            id: id.to_string(),
-        }))
+        Ok(Box::new(CoreRun::new(
+            self.clone(),
+            id,
+            ExecHelper::Auto.effective(),
+        )))
     }
 
     async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
@@ -273,14 +293,38 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
             async move { backend.remove_target(&id).await }
         })
     };
-    let run = CoreRun {
-        backend: backend.clone(),
-        id: id.clone(),
-    };
+    let mode = plan.spec.exec_helper.effective();
+    let run = CoreRun::new(backend.clone(), &id, mode);
     let result = async {
         backend.create_target(&plan).await?;
         plan.report(Progress::Step("checking that the sandbox answers".into()));
-        check_alive(&run).await?;
+        // A greeting helper proves the target runs and answers with the run's user and
+        // working directory; without one, a plain exec does.
+        let helper_error = match mode {
+            ExecHelper::Off => None,
+            _ => match helper::start(backend, &id, true).await {
+                Ok(session) => {
+                    *run.helper.lock().await = HelperState::Ready(session);
+                    None
+                }
+                Err(e) => Some(e),
+            },
+        };
+        if let Some(e) = helper_error {
+            check_alive(&run).await?;
+            if mode == ExecHelper::Required {
+                return Err(Error::new(
+                    ErrorKind::StartFailed,
+                    format!("the exec helper could not start: {e}"),
+                )
+                .with_field("exec_helper")
+                .with("run", &id));
+            }
+            tracing::info!(run = %id, "the exec helper could not start ({e}); using plain execs");
+            *run.helper.lock().await = HelperState::Plain;
+        } else if mode == ExecHelper::Off {
+            check_alive(&run).await?;
+        }
         backend.prepare_target(&plan).await?;
         for (i, argv) in plan.spec.post_create.iter().enumerate() {
             let n = plan.spec.post_create.len();
@@ -343,20 +387,106 @@ async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
 /// An exec in target `id` through core (marker, pump, timeout, kill), for a backend's own
 /// work inside a target (tar through exec, setup scripts). Dropping the stream kills it,
 /// like any exec.
+///
+/// It takes the plain path (one raw exec per command), never the helper: the helper's own
+/// installation may go through it.
 pub async fn exec_in<B: Backend>(backend: &B, id: &str, spec: ExecSpec) -> Result<ExecStream> {
-    CoreRun {
-        backend: backend.clone(),
-        id: id.to_string(),
-    }
-    .exec_stream(spec)
-    .await
+    CoreRun::new(backend.clone(), id, ExecHelper::Off)
+        .exec_stream(spec)
+        .await
 }
 
-/// The one [`Run`] of every driver: a backend and a target id.
+/// `caps` with what the exec helper does on any backend.
+fn with_helper(caps: Capabilities) -> Capabilities {
+    caps.exec_user(true).stdin_streaming(true)
+}
+
+/// Where a run's helper stands.
+#[derive(Debug)]
+enum HelperState {
+    /// Not started yet (an attached run), or its stream broke: the next exec starts one.
+    Untried,
+    Ready(Arc<Session>),
+    /// It could not start: plain execs for the rest of the run.
+    Plain,
+}
+
+/// The one [`Run`] of every driver: a backend, a target id and its exec helper.
 #[derive(Debug)]
 pub(crate) struct CoreRun<B: Backend> {
     backend: B,
     id: String,
+    mode: ExecHelper,
+    helper: tokio::sync::Mutex<HelperState>,
+}
+
+impl<B: Backend> CoreRun<B> {
+    fn new(backend: B, id: &str, mode: ExecHelper) -> CoreRun<B> {
+        let state = match mode {
+            ExecHelper::Off => HelperState::Plain,
+            _ => HelperState::Untried,
+        };
+        CoreRun {
+            backend,
+            id: id.to_string(),
+            mode,
+            helper: tokio::sync::Mutex::new(state),
+        }
+    }
+
+    /// The live helper session, starting one when there is none (first exec of an
+    /// attached run, or after its stream broke); `None`: plain execs.
+    async fn session(&self) -> Result<Option<Arc<Session>>> {
+        let mut state = self.helper.lock().await;
+        match &*state {
+            HelperState::Plain => return Ok(None),
+            HelperState::Ready(s) if s.dead().is_none() => return Ok(Some(s.clone())),
+            HelperState::Ready(s) => {
+                tracing::info!(run = %self.id, "the exec helper's stream broke ({}); starting a new one", s.dead().unwrap_or_default());
+            }
+            HelperState::Untried => {}
+        }
+        match helper::start(&self.backend, &self.id, false).await {
+            Ok(s) => {
+                *state = HelperState::Ready(s.clone());
+                Ok(Some(s))
+            }
+            Err(e) if self.mode == ExecHelper::Required || e.kind() == ErrorKind::RunLost => {
+                *state = HelperState::Untried;
+                Err(e.with("run", &self.id))
+            }
+            Err(e) => {
+                tracing::info!(run = %self.id, "the exec helper could not start ({e}); using plain execs");
+                *state = HelperState::Plain;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The helper for `spec`, or `None` for the plain path: a per-exec user needs a
+    /// helper running as root; otherwise the backend's own per-exec user, if it has one.
+    fn helper_for(
+        &self,
+        session: Option<Arc<Session>>,
+        spec: &ExecSpec,
+    ) -> Result<Option<Arc<Session>>> {
+        let Some(session) = session else {
+            return Ok(None);
+        };
+        if spec.user.is_some() && session.hello.uid != 0 {
+            if self.backend.supports().exec_user {
+                return Ok(None);
+            }
+            return Err(Error::unsupported(
+                "user",
+                format!(
+                    "a per-exec user in this run: its exec helper runs as uid {} and cannot switch users",
+                    session.hello.uid
+                ),
+            ));
+        }
+        Ok(Some(session))
+    }
 }
 
 #[async_trait]
@@ -367,7 +497,14 @@ impl<B: Backend> Run for CoreRun<B> {
 
     async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
         spec.validate()?;
-        self.backend.supports().check_exec(&spec)?;
+        let session = match self.mode {
+            ExecHelper::Off => None,
+            _ => self.helper_for(self.session().await?, &spec)?,
+        };
+        match &session {
+            Some(_) => with_helper(self.backend.supports()).check_exec(&spec)?,
+            None => self.backend.supports().check_exec(&spec)?,
+        }
         let span = tracing::debug_span!("run", run = %self.id);
         let marker = format!("{:016x}", rand::random::<u64>());
         let mut env = spec.env.clone();
@@ -379,18 +516,33 @@ impl<B: Backend> Run for CoreRun<B> {
             user: spec.user.clone(),
             stdin: spec.stdin.clone(),
         };
+        let plain_control = |status| Control {
+            backend: self.backend.clone(),
+            id: self.id.clone(),
+            marker: marker.clone(),
+            user: spec.user.clone(),
+            env: spec.env.clone(),
+            status,
+        };
+        if let Some(session) = session {
+            let (hid, process) = session
+                .spawn(&raw)
+                .await
+                .map_err(|e| e.with("run", &self.id))?;
+            let control = HelperControl {
+                session,
+                hid,
+                fallback: plain_control(process.status),
+            };
+            return Ok(span.in_scope(|| {
+                ExecStream::spawn(&spec, process.output, process.stdin, Box::new(control))
+            }));
+        }
         let process =
             tracing::Instrument::instrument(self.backend.exec_raw(&self.id, raw), span.clone())
                 .await
                 .map_err(|e| e.with("run", &self.id))?;
-        let control = Control {
-            backend: self.backend.clone(),
-            id: self.id.clone(),
-            marker,
-            user: spec.user.clone(),
-            env: spec.env.clone(),
-            status: process.status,
-        };
+        let control = plain_control(process.status);
         Ok(span.in_scope(|| {
             ExecStream::spawn(&spec, process.output, process.stdin, Box::new(control))
         }))
@@ -398,12 +550,22 @@ impl<B: Backend> Run for CoreRun<B> {
 
     async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
         files::validate_dir_path(dir)?;
-        self.backend.put_tar(&self.id, dir, tar).await
+        match self.session().await? {
+            Some(session) => helper::files::put(&session, dir, tar)
+                .await
+                .map_err(|e| e.with("run", &self.id)),
+            None => self.backend.put_tar(&self.id, dir, tar).await,
+        }
     }
 
     async fn get_archive(&self, path: &str) -> Result<ByteStream> {
         files::validate_dir_path(path)?;
-        self.backend.get_tar(&self.id, path).await
+        match self.session().await? {
+            Some(session) => helper::files::get(&session, path)
+                .await
+                .map_err(|e| e.with("run", &self.id)),
+            None => self.backend.get_tar(&self.id, path).await,
+        }
     }
 
     async fn stop(&self) -> Result<()> {
@@ -412,9 +574,49 @@ impl<B: Backend> Run for CoreRun<B> {
         {
             tracing::warn!(run = %self.id, "before stop: {e}");
         }
+        // Close the helper's stream first: it kills what it started and exits.
+        *self.helper.lock().await = HelperState::Plain;
         self.backend.remove_target(&self.id).await?;
         tracing::debug!(run = %self.id, "run stopped");
         Ok(())
+    }
+
+    fn exec_path(&self) -> ExecPath {
+        match self.helper.try_lock().as_deref() {
+            Ok(HelperState::Plain) => ExecPath::Plain,
+            Ok(HelperState::Untried) if self.mode == ExecHelper::Off || !helper::available() => {
+                ExecPath::Plain
+            }
+            _ => ExecPath::Helper,
+        }
+    }
+}
+
+/// Status and kill of one exec through the helper. When the helper is gone (its stream
+/// broke, or it was killed), the kill falls back to the plain path's [`KILL_SCRIPT`] by
+/// the exec marker, so a dead helper leaves no process behind.
+struct HelperControl<B: Backend> {
+    session: Arc<Session>,
+    hid: u32,
+    /// The status (from the helper) and the plain kill.
+    fallback: Control<B>,
+}
+
+#[async_trait]
+impl<B: Backend> ExecControl for HelperControl<B> {
+    async fn status(&self) -> Result<ExitStatus> {
+        self.fallback.status.status().await
+    }
+
+    async fn kill(&self) -> Result<()> {
+        match tokio::time::timeout(KILL_EXEC_BOUND, self.session.kill(self.hid)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::debug!(run = %self.fallback.id, "the helper cannot kill ({e}); killing by the exec marker");
+                self.fallback.kill().await
+            }
+            Err(_) => self.fallback.kill().await,
+        }
     }
 }
 

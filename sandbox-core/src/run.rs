@@ -66,6 +66,12 @@ pub trait Run: Send + Sync + fmt::Debug {
 
     /// Removes the target and everything created for the run. Idempotent; no grace period.
     async fn stop(&self) -> Result<()>;
+
+    /// The path the run's execs take: through the in-sandbox helper, or one engine exec
+    /// each.
+    fn exec_path(&self) -> crate::ExecPath {
+        crate::ExecPath::Plain
+    }
 }
 
 /// Conveniences over [`Run`], for every run. Not meant to be implemented by hand.

@@ -23,6 +23,13 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
             ..Default::default()
         },
     }];
+    // The exec helper's place (core uploads it after start): a volume is writable under a
+    // read-only root, executable, and removed with the container.
+    mounts.push(Mount {
+        typ: Some(MountType::VOLUME),
+        target: Some(runcell_core::HELPER_DIR.to_string()),
+        ..Default::default()
+    });
     let mut tmpfs = None;
     if spec.security.read_only_rootfs {
         tmpfs = Some(HashMap::from([(

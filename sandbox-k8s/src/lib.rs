@@ -77,7 +77,9 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use runcell_core::labels;
 use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
-use runcell_core::{ByteStream, Capabilities, Error, ErrorKind, Progress, Result, RunInfo};
+use runcell_core::{
+    ByteStream, Bytes, Capabilities, Error, ErrorKind, ExecSpec, Progress, Result, RunInfo,
+};
 
 pub use config::K8sConfig;
 pub use exec::{WRAPPER, header, sh_quote};
@@ -380,6 +382,31 @@ impl Backend for K8sDriver {
 
     async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream> {
         self.get_tar_by_exec(id, path).await
+    }
+
+    /// Through one exec with `cat`, so the exec helper also goes into images without
+    /// `tar` (the helper then moves files itself).
+    async fn put_executable(&self, id: &str, path: &str, contents: Bytes) -> Result<()> {
+        const SCRIPT: &str = r#"cat > "$1.part" && chmod 755 "$1.part" && mv -f "$1.part" "$1""#;
+        let spec = ExecSpec::new(["sh", "-c", SCRIPT, "sh", path])
+            .stdin_bytes(contents)
+            .timeout(std::time::Duration::from_secs(60));
+        let out = runcell_core::raw::exec_in(self, id, spec)
+            .await?
+            .collect(4096)
+            .await;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "writing {path} failed ({}): {}",
+                    out.status,
+                    out.stderr_str().trim()
+                ),
+            ))
+        }
     }
 
     async fn before_stop(&self, id: &str) -> Result<()> {

@@ -84,6 +84,23 @@ pub fn run_objects(
         mount_path: spec.workspace.path.clone(),
         ..Default::default()
     }];
+    // The exec helper's place (core writes it through an exec after start): writable by
+    // any user, under a read-only root too.
+    volumes.push(Volume {
+        name: "runcell-helper".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "16Mi".into(),
+            )),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    mounts.push(VolumeMount {
+        name: "runcell-helper".into(),
+        mount_path: runcell_core::HELPER_DIR.into(),
+        ..Default::default()
+    });
     let secret = ca_pem.map(|pem| Secret {
         metadata: ObjectMeta {
             name: Some(ca_secret_name(run_id)),

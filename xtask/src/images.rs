@@ -16,6 +16,8 @@ const ENTRYPOINT: &str = r#"ENTRYPOINT ["/bin/sh", "-c", "touch /entrypoint-ran;
 pub const NO_SLEEP: &str = "sandbox-test/no-sleep:latest";
 /// An image whose `sleep` exits at once with an error.
 pub const SLEEP_EXITS: &str = "sandbox-test/sleep-exits:latest";
+/// An image without `tar` (files then move through the exec helper).
+pub const NO_TAR: &str = "sandbox-test/no-tar:latest";
 
 /// What differs between the test images.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,6 +25,7 @@ enum Variant {
     Full,
     NoSleep,
     SleepExits,
+    NoTar,
 }
 
 /// Builds the test images (cheap to repeat: a rebuild only retags).
@@ -41,9 +44,15 @@ pub fn build() -> Result<()> {
         (BUSYBOX, Variant::Full),
         (NO_SLEEP, Variant::NoSleep),
         (SLEEP_EXITS, Variant::SleepExits),
+        (NO_TAR, Variant::NoTar),
     ] {
-        let rootfs = busybox_rootfs(variant)
-            .with_context(|| format!("building the root filesystem of {name}"))?;
+        let rootfs = match variant {
+            // BusyBox's shell runs its applets by name whether or not a link exists, so
+            // an image truly without `tar` is made of dash and the host's coreutils.
+            Variant::NoTar => host_tools_rootfs(),
+            _ => busybox_rootfs(variant),
+        }
+        .with_context(|| format!("building the root filesystem of {name}"))?;
         import(name, &rootfs)?;
     }
     Ok(())
@@ -114,8 +123,7 @@ fn busybox_rootfs(variant: Variant) -> Result<Vec<u8>> {
     append_dir(&mut tar, "home/sandbox", 0o755, 1000)?;
     append_file(&mut tar, "bin/busybox", &busybox, 0o755)?;
     match variant {
-        Variant::Full => {}
-        Variant::NoSleep => {}
+        Variant::Full | Variant::NoSleep | Variant::NoTar => {}
         Variant::SleepExits => append_file(
             &mut tar,
             "bin/sleep",
@@ -144,6 +152,71 @@ fn busybox_rootfs(variant: Variant) -> Result<Vec<u8>> {
     // A system trust store (the host's roots), so the suite can check the full CA bundle.
     let roots = std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
     append_file(&mut tar, "etc/ssl/certs/ca-certificates.crt", &roots, 0o644)?;
+    Ok(tar.into_inner()?)
+}
+
+/// The host's tools the no-tar image holds (`/bin/sh` is dash): what the plain exec path,
+/// the Kubernetes wrapper and the suite's file case need, and no `tar`.
+const HOST_TOOLS: [&str; 17] = [
+    "dash", "sleep", "cat", "chmod", "mv", "dd", "mkdir", "stat", "rm", "head", "tr", "ls", "env",
+    "id", "wc", "grep", "touch",
+];
+
+/// A root filesystem of host binaries and the shared libraries `ldd` names for them.
+fn host_tools_rootfs() -> Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for dir in [
+        "bin", "etc", "tmp", "root", "proc", "sys", "dev", "lib", "lib64", "usr",
+    ] {
+        append_dir(&mut tar, dir, if dir == "tmp" { 0o1777 } else { 0o755 }, 0)?;
+    }
+    append_dir(&mut tar, "lib/x86_64-linux-gnu", 0o755, 0)?;
+    let mut libs = std::collections::BTreeSet::new();
+    for tool in HOST_TOOLS {
+        let path = Path::new("/usr/bin").join(tool);
+        let name = if tool == "dash" { "sh" } else { tool };
+        append_file(
+            &mut tar,
+            &format!("bin/{name}"),
+            &std::fs::read(&path)?,
+            0o755,
+        )?;
+        let ldd = Command::new("ldd")
+            .arg(&path)
+            .output()
+            .context("running ldd")?;
+        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+            let lib = line.split("=>").last().unwrap_or("").trim();
+            if let Some(lib) = lib.split_whitespace().next().filter(|l| l.starts_with('/')) {
+                libs.insert(lib.to_string());
+            }
+        }
+    }
+    for lib in libs {
+        append_file(
+            &mut tar,
+            lib.trim_start_matches('/'),
+            &std::fs::read(&lib)?,
+            0o755,
+        )?;
+    }
+    append_file(
+        &mut tar,
+        "etc/passwd",
+        b"root:x:0:0:root:/root:/bin/sh
+nobody:x:65534:65534:nobody:/:/bin/false
+",
+        0o644,
+    )?;
+    append_file(
+        &mut tar,
+        "etc/group",
+        b"root:x:0:
+nogroup:x:65534:
+",
+        0o644,
+    )?;
     Ok(tar.into_inner()?)
 }
 

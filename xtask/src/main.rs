@@ -26,7 +26,8 @@ enum Task {
     /// (workspace and env persist), pipe stdin, exit codes, cp, stop, a one-shot run.
     /// Installs docker.io and busybox-static first when missing (Debian, as root).
     Demo,
-    /// Measure exec into a long-lived run against a fresh container per call (ratio).
+    /// Measure the exec paths side by side (helper, plain, raw Engine API), throughput,
+    /// run start and memory, on Docker and then on the Kubernetes test cluster.
     Bench,
     /// Build the local test images (no registry needed).
     TestImages,
@@ -72,18 +73,25 @@ fn main() -> Result<()> {
         Task::Bench => {
             engine::ensure_docker()?;
             images::build()?;
-            cargo(
-                &[
-                    "run",
-                    "--quiet",
-                    "--release",
-                    "-p",
-                    "runcell-docker",
-                    "--example",
-                    "bench",
-                ],
-                &[],
-            )
+            let bench = [
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "runcell-conformance",
+                "--example",
+                "bench",
+                "--",
+            ];
+            cargo(&[&bench[..], &["docker"]].concat(), &[])?;
+            let kubeconfig = k8s::up()?;
+            let kubeconfig = kubeconfig.to_str().context("a UTF-8 kubeconfig path")?;
+            let result = cargo(
+                &[&bench[..], &["k8s"]].concat(),
+                &[("KUBECONFIG", kubeconfig)],
+            );
+            k8s::run("down")?;
+            result
         }
         Task::TestImages => {
             engine::ensure_docker()?;
@@ -154,11 +162,30 @@ fn main() -> Result<()> {
                 &["test", "--workspace", "--quiet"],
                 &[("SANDBOX_TEST", "none"), (SESSION_ENV, session.as_str())],
             )?;
+            // The suite on Docker through the exec helper and on the plain exec path, and
+            // on the example third-party driver (default mode), side by side.
             let ours = SuiteTarget::Package("runcell-conformance".into());
-            conformance("docker", &ours, &[], &session_env)?;
-            // The example third-party driver, from its own crate.
             let audit = SuiteTarget::Package("sandbox-driver-audit".into());
-            conformance("audit", &audit, &[], &session_env)?;
+            let with = |extra: &[(&'static str, &str)]| {
+                let mut env = session_env.to_vec();
+                env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+                env
+            };
+            suites_side_by_side(&[
+                Suite::new(
+                    "docker/helper",
+                    "docker",
+                    &ours,
+                    with(&[(HELPER_ENV, "required")]),
+                ),
+                Suite::new(
+                    "docker/plain",
+                    "docker",
+                    &ours,
+                    with(&[(HELPER_ENV, "off")]),
+                ),
+                Suite::new("audit", "audit", &audit, with(&[])),
+            ])?;
             // The cluster goes down again whatever happened, unless asked to stay.
             let k8s_result = k8s::up().and_then(|kubeconfig| k8s_tests(&kubeconfig, &session));
             let down = if keep_cluster {
@@ -179,15 +206,27 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
     let restricted = k8s::restricted_kubeconfig(admin)?;
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
     let ours = SuiteTarget::Package("runcell-conformance".into());
-    conformance(
-        "k8s",
-        &ours,
-        &[],
-        &[
-            ("KUBECONFIG", restricted.into()),
-            (SESSION_ENV, session.into()),
-        ],
-    )?;
+    let env = |helper: &str, v4: bool| {
+        let mut env = vec![
+            ("KUBECONFIG", restricted.to_string()),
+            (SESSION_ENV, session.to_string()),
+            (HELPER_ENV, helper.to_string()),
+        ];
+        if v4 {
+            // The exec path for API servers without v5.channel.k8s.io (before 1.30):
+            // stdin framed, never closed.
+            env.push(("SANDBOX_K8S_EXEC_V4_COMPATIBLE", "true".into()));
+        }
+        env
+    };
+    suites_side_by_side(&[
+        Suite::new("k8s/helper", "k8s", &ours, env("required", false)),
+        Suite::new("k8s/plain", "k8s", &ours, env("off", false)),
+    ])?;
+    suites_side_by_side(&[
+        Suite::new("k8s-v4/helper", "k8s", &ours, env("required", true)),
+        Suite::new("k8s-v4/plain", "k8s", &ours, env("off", true)),
+    ])?;
     // The `sandbox` CLI on the cluster, as the same restricted ServiceAccount.
     cargo(
         &["test", "--quiet", "-p", "runcell-cli", "--test", "k8s"],
@@ -197,24 +236,86 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             (SESSION_ENV, session),
         ],
     )?;
-    // Again on the exec path for API servers without v5.channel.k8s.io (before 1.30).
-    eprintln!("the k8s suite again with exec_v4_compatible=true (stdin framed, never closed)");
-    conformance(
-        "k8s",
-        &ours,
-        &[],
-        &[
-            ("KUBECONFIG", restricted.into()),
-            ("SANDBOX_K8S_EXEC_V4_COMPATIBLE", "true".into()),
-            (SESSION_ENV, session.into()),
-        ],
-    )?;
     k8s::assert_no_leftovers(admin, session)
 }
 
 /// The variable the conformance harness takes its session label value from
 /// (`runcell_conformance::harness::SESSION_ENV`; xtask does not link the suite).
 const SESSION_ENV: &str = "SANDBOX_CONFORMANCE_SESSION";
+
+/// The exec path variable of core (`runcell_core::EXEC_HELPER_ENV`): `required` puts
+/// every run through the in-sandbox helper, `off` on one engine exec per command.
+const HELPER_ENV: &str = "RUNCELL_EXEC_HELPER";
+
+/// One suite invocation of a group run side by side.
+struct Suite<'a> {
+    label: &'a str,
+    driver: &'a str,
+    target: &'a SuiteTarget,
+    env: Vec<(&'a str, String)>,
+}
+
+impl<'a> Suite<'a> {
+    fn new(
+        label: &'a str,
+        driver: &'a str,
+        target: &'a SuiteTarget,
+        env: Vec<(&'a str, String)>,
+    ) -> Suite<'a> {
+        Suite {
+            label,
+            driver,
+            target,
+            env,
+        }
+    }
+}
+
+/// Runs suites at the same time (their test binaries built first, once), each into its
+/// own log; prints every log when all ended; fails if any failed.
+fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<()> {
+    let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/xtask-logs");
+    std::fs::create_dir_all(&logs)?;
+    for suite in suites {
+        let mut argv = vec!["test".to_string(), "--no-run".into(), "--quiet".into()];
+        argv.extend(suite.target.cargo_args()?);
+        cargo(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &[])?;
+    }
+    let mut children = Vec::new();
+    for suite in suites {
+        let log_path = logs.join(format!("{}.log", suite.label.replace('/', "-")));
+        let log = std::fs::File::create(&log_path)?;
+        eprintln!("$ suite {} (log: {})", suite.label, log_path.display());
+        let mut argv = vec!["test".to_string()];
+        argv.extend(suite.target.cargo_args()?);
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let child = Command::new(cargo)
+            .args(&argv)
+            .envs(suite.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("SANDBOX_TEST", suite.driver)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("running cargo test")?;
+        children.push((suite.label, log_path, child, std::time::Instant::now()));
+    }
+    let mut failed = Vec::new();
+    for (label, log_path, mut child, started) in children {
+        let status = child.wait()?;
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        eprintln!(
+            "==== suite {label}: {status} in {:.0} s ====\n{log}",
+            started.elapsed().as_secs_f64()
+        );
+        if !status.success() {
+            failed.push(label);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("suites failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
 
 /// The drivers `cargo xtask test` runs the suite on.
 const TESTED_DRIVERS: [&str; 3] = ["docker", "audit", "k8s"];
@@ -262,32 +363,41 @@ enum SuiteTarget {
     Manifest(PathBuf, Option<String>),
 }
 
+impl SuiteTarget {
+    /// The arguments of `cargo test` that select the suite's test binary.
+    fn cargo_args(&self) -> Result<Vec<String>> {
+        let mut argv = Vec::new();
+        match self {
+            SuiteTarget::Package(package) => argv.extend(["-p".into(), package.clone()]),
+            SuiteTarget::Manifest(path, package) => {
+                if !path.is_file() {
+                    bail!("--manifest-path {}: no such file", path.display());
+                }
+                let manifest = path.to_str().context("a UTF-8 manifest path")?;
+                argv.extend(["--manifest-path".into(), manifest.into()]);
+                if let Some(package) = package {
+                    argv.extend(["-p".into(), package.clone()]);
+                }
+            }
+        }
+        argv.extend(["--test".into(), "conformance".into()]);
+        Ok(argv)
+    }
+}
+
 fn conformance(
     driver: &str,
     target: &SuiteTarget,
     args: &[String],
     env: &[(&str, String)],
 ) -> Result<()> {
-    let mut argv = vec!["test"];
-    let manifest;
-    match target {
-        SuiteTarget::Package(package) => argv.extend(["-p", package.as_str()]),
-        SuiteTarget::Manifest(path, package) => {
-            if !path.is_file() {
-                bail!("--manifest-path {}: no such file", path.display());
-            }
-            manifest = path.to_str().context("a UTF-8 manifest path")?;
-            argv.extend(["--manifest-path", manifest]);
-            if let Some(package) = package {
-                argv.extend(["-p", package.as_str()]);
-            }
-        }
-    }
-    argv.extend(["--test", "conformance", "--"]);
-    argv.extend(args.iter().map(String::as_str));
+    let mut argv = vec!["test".to_string()];
+    argv.extend(target.cargo_args()?);
+    argv.push("--".into());
+    argv.extend(args.iter().cloned());
     let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     env.push(("SANDBOX_TEST", driver));
-    cargo(&argv, &env)
+    cargo(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &env)
 }
 
 /// Runs cargo with the same toolchain as this xtask.

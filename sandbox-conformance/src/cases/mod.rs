@@ -9,6 +9,7 @@ mod devcontainer;
 mod env;
 mod exec;
 mod files;
+mod helper;
 mod hostile;
 mod lifecycle;
 mod robustness;
@@ -19,6 +20,7 @@ pub use devcontainer::*;
 pub use env::*;
 pub use exec::*;
 pub use files::*;
+pub use helper::*;
 pub use hostile::*;
 pub use lifecycle::*;
 pub use robustness::*;
@@ -102,4 +104,8 @@ pub static CASES: &[Case] = &[
     case!(user_names_are_honoured_or_unsupported),
     case!(stdin_streaming_is_honoured_or_unsupported),
     case!(network_none_is_honoured_or_unsupported),
+    case!(exec_path_follows_the_mode),
+    case!(signals_and_exit_codes_are_told_apart),
+    case!(files_move_without_tar_in_the_image, files),
+    case!(a_dead_helper_loses_execs_and_recovers),
 ];

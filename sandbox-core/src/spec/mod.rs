@@ -65,6 +65,8 @@ pub struct RunSpec {
     pub security: Security,
     /// Maximum lifetime of the run; past it, the backend or the next reap removes it.
     pub ttl: Option<Duration>,
+    /// Whether execs go through the in-sandbox helper (default: where it can run).
+    pub exec_helper: crate::helper::ExecHelper,
 }
 
 impl RunSpec {
@@ -175,6 +177,13 @@ impl RunSpec {
     /// Sets the maximum lifetime of the run.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// Chooses the exec path: the in-sandbox helper where it can run (default), always,
+    /// or never.
+    pub fn exec_helper(mut self, mode: crate::helper::ExecHelper) -> Self {
+        self.exec_helper = mode;
         self
     }
 
@@ -303,6 +312,7 @@ impl fmt::Debug for RunSpec {
             .field("network", &self.network)
             .field("security", &self.security)
             .field("ttl", &self.ttl)
+            .field("exec_helper", &self.exec_helper)
             .finish()
     }
 }

@@ -1,0 +1,278 @@
+//! `put_archive` / `get_archive` through the helper: core reads and writes the tar
+//! stream, the helper only creates and reads files (no `tar` needed in the image).
+
+use std::io::{self, Read};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
+
+use super::proto::{self, Enc, Entry, FileError};
+use super::session::{Event, Session};
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::OutputChunk;
+use crate::files::ByteStream;
+
+fn file_error(kind: FileError, path: &str, message: &str, op: &str) -> Error {
+    let what = if path.is_empty() {
+        message.to_string()
+    } else {
+        format!("{path}: {message}")
+    };
+    match kind {
+        FileError::NotFound => Error::new(ErrorKind::NotFound, what).with_field("path"),
+        FileError::IsDir | FileError::NotDir => Error::invalid_spec(
+            "path",
+            format!("would replace a directory with a non-directory (or the reverse): {what}"),
+        ),
+        FileError::Invalid => Error::invalid_spec("path", what),
+        FileError::Denied | FileError::Other => Error::new(ErrorKind::Backend, what),
+    }
+    .with_operation(if op == "put" {
+        "upload archive"
+    } else {
+        "download archive"
+    })
+}
+
+fn lost(why: String) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("the exec helper's stream broke: {why}"),
+    )
+}
+
+/// Extracts `tar` into `dir` through the helper.
+pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> Result<()> {
+    let (id, mut events, window) = session.file_op(proto::PUT, dir)?;
+    let window = window.expect("a PUT has a stdin window");
+    let sender = {
+        let (session, window) = (session.clone(), window.clone());
+        let reader = SyncIoBridge::new(StreamReader::new(tar));
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || send_entries(&session, id, &window, reader, &handle))
+    };
+    tokio::pin!(sender);
+    let mut sent = false;
+    loop {
+        tokio::select! {
+            event = events.recv() => {
+                window.close();
+                return match event {
+                    Some(Event::Done) => Ok(()),
+                    Some(Event::FileFailed(k, path, msg)) => Err(file_error(k, &path, &msg, "put")),
+                    Some(Event::Lost(why)) => Err(lost(why)),
+                    other => Err(lost(format!("unexpected answer to a PUT: {other:?}"))),
+                };
+            }
+            r = &mut sender, if !sent => {
+                sent = true;
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        // The helper discards a half-sent operation: end it, report ours.
+                        let _ = session.send_frame(Enc::frame(proto::STDIN_EOF, id).finish());
+                        window.close();
+                        return Err(e);
+                    }
+                    Err(e) => return Err(Error::new(ErrorKind::Backend, format!("the upload task failed: {e}"))),
+                }
+            }
+        }
+    }
+}
+
+/// Reads the tar (blocking) and sends each entry and its data within the window.
+fn send_entries(
+    session: &Session,
+    id: u32,
+    window: &Semaphore,
+    reader: impl Read,
+    handle: &tokio::runtime::Handle,
+) -> Result<()> {
+    let bad = |e: io::Error| Error::invalid_spec("tar", format!("not a readable tar stream: {e}"));
+    let mut archive = tar::Archive::new(reader);
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let header = entry.header();
+        let kind = match header.entry_type() {
+            tar::EntryType::Regular | tar::EntryType::Continuous => proto::REGULAR,
+            tar::EntryType::Directory => proto::DIRECTORY,
+            tar::EntryType::Symlink => proto::SYMLINK,
+            other => {
+                tracing::debug!("put_archive: skipping a tar entry of type {other:?}");
+                continue;
+            }
+        };
+        let path = entry.path().map_err(bad)?;
+        let path = path.to_string_lossy();
+        let path = path.trim_start_matches("./").trim_end_matches('/');
+        if path.is_empty() || path == "." {
+            continue;
+        }
+        let e = Entry {
+            path: path.as_bytes().to_vec(),
+            kind,
+            mode: header.mode().unwrap_or(0o644) & 0o7777,
+            uid: header.uid().unwrap_or(0) as u32,
+            gid: header.gid().unwrap_or(0) as u32,
+            mtime: header.mtime().unwrap_or(0) as i64,
+            size: if kind == proto::REGULAR {
+                entry.size()
+            } else {
+                0
+            },
+            link: entry
+                .link_name_bytes()
+                .map(|l| l.into_owned())
+                .unwrap_or_default(),
+        };
+        let size = e.size;
+        let mut frame = Enc::frame(proto::ENTRY, id);
+        e.encode(&mut frame);
+        session.send_frame(frame.finish())?;
+        let mut left = size;
+        let mut buf = vec![0u8; proto::CHUNK];
+        while left > 0 {
+            let want = (left as usize).min(buf.len());
+            let n = entry.read(&mut buf[..want]).map_err(bad)?;
+            if n == 0 {
+                return Err(bad(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "short entry",
+                )));
+            }
+            match handle.block_on(window.acquire_many(n as u32)) {
+                Ok(p) => p.forget(),
+                Err(_) => return Ok(()), // the helper answered already
+            }
+            let mut frame = Enc::frame(proto::STDIN, id);
+            frame.raw(&buf[..n]);
+            session.send_frame(frame.finish())?;
+            left -= n as u64;
+        }
+    }
+    session.send_frame(Enc::frame(proto::STDIN_EOF, id).finish())
+}
+
+/// A tar stream of `path` through the helper. A missing path is an error here, not a
+/// broken stream.
+pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream> {
+    let (id, mut events, _) = session.file_op(proto::GET, path)?;
+    let first = match events.recv().await {
+        Some(Event::Entry(e)) => e,
+        Some(Event::FileFailed(k, p, msg)) => return Err(file_error(k, &p, &msg, "get")),
+        Some(Event::Lost(why)) => return Err(lost(why)),
+        other => return Err(lost(format!("unexpected answer to a GET: {other:?}"))),
+    };
+    let (near, far) = tokio::io::duplex(proto::CHUNK);
+    let session = session.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut out = SyncIoBridge::new(far);
+        if let Err(e) = write_tar(&session, id, first, events, &mut out) {
+            tracing::debug!("get_archive through the helper failed: {e}");
+            // Dropping the writer without the tar's end makes the reader's stream fail
+            // (the end-of-archive blocks are missing).
+            drop(out);
+        }
+    });
+    let stream = ReaderStream::new(near).map(|r| r.map(Bytes::from));
+    Ok(stream.boxed())
+}
+
+fn write_tar(
+    session: &Session,
+    id: u32,
+    first: Entry,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    out: &mut impl io::Write,
+) -> io::Result<()> {
+    let mut builder = tar::Builder::new(out);
+    builder.follow_symlinks(false);
+    let mut next = Some(first);
+    loop {
+        let entry = match next.take() {
+            Some(e) => e,
+            None => match events.blocking_recv() {
+                Some(Event::Entry(e)) => e,
+                Some(Event::Done) => break,
+                Some(Event::FileFailed(_, p, msg)) => {
+                    return Err(io::Error::other(format!("{p}: {msg}")));
+                }
+                Some(Event::Lost(why)) => return Err(io::Error::other(why)),
+                other => return Err(io::Error::other(format!("unexpected frame {other:?}"))),
+            },
+        };
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(entry.mode);
+        header.set_uid(u64::from(entry.uid));
+        header.set_gid(u64::from(entry.gid));
+        header.set_mtime(entry.mtime.max(0) as u64);
+        let path = String::from_utf8_lossy(&entry.path).into_owned();
+        match entry.kind {
+            proto::DIRECTORY => {
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_size(0);
+                builder.append_data(&mut header, &path, io::empty())?;
+            }
+            proto::SYMLINK => {
+                header.set_entry_type(tar::EntryType::Symlink);
+                header.set_size(0);
+                let target = String::from_utf8_lossy(&entry.link).into_owned();
+                builder.append_link(&mut header, &path, &target)?;
+            }
+            _ => {
+                header.set_entry_type(tar::EntryType::Regular);
+                header.set_size(entry.size);
+                let data = Data {
+                    session,
+                    id,
+                    events: &mut events,
+                    left: entry.size,
+                    pending: Bytes::new(),
+                };
+                builder.append_data(&mut header, &path, data)?;
+            }
+        }
+    }
+    builder.into_inner()?.flush()
+}
+
+/// One file's data, read from `STDOUT` frames, returning credit as it goes.
+struct Data<'a> {
+    session: &'a Session,
+    id: u32,
+    events: &'a mut mpsc::UnboundedReceiver<Event>,
+    left: u64,
+    pending: Bytes,
+}
+
+impl Read for Data<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pending.is_empty() {
+            if self.left == 0 {
+                return Ok(0);
+            }
+            match self.events.blocking_recv() {
+                Some(Event::Out(OutputChunk::Stdout(b))) => {
+                    let mut credit = Enc::frame(proto::CREDIT, self.id);
+                    credit.u32(b.len() as u32);
+                    let _ = self.session.send_frame(credit.finish());
+                    self.pending = b;
+                }
+                Some(Event::FileFailed(_, p, msg)) => {
+                    return Err(io::Error::other(format!("{p}: {msg}")));
+                }
+                Some(Event::Lost(why)) => return Err(io::Error::other(why)),
+                other => return Err(io::Error::other(format!("unexpected frame {other:?}"))),
+            }
+        }
+        let n = buf.len().min(self.pending.len()).min(self.left as usize);
+        buf[..n].copy_from_slice(&self.pending[..n]);
+        self.pending = self.pending.slice(n..);
+        self.left -= n as u64;
+        Ok(n)
+    }
+}

@@ -1,0 +1,144 @@
+//! The in-sandbox exec helper: one long-lived exec per run that starts every later
+//! command as its own child, over one held-open stream (see `helper/proto.rs` for the
+//! protocol and `helper/main.rs` for the program).
+//!
+//! Core owns all of it, for every driver: a backend only supplies what it already has,
+//! [`crate::raw::Backend::put_executable`] (to place the binary at [`HELPER_PATH`];
+//! `put_tar` by default) and [`crate::raw::Backend::exec_raw`] (to start it with a piped
+//! stdin). A backend makes
+//! [`HELPER_DIR`] a small writable, executable place in the target (Docker: an anonymous
+//! volume; Kubernetes: an `emptyDir`), so that it works with a read-only root too; where
+//! it cannot, the run falls back to the plain exec path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::raw::{Backend, RawExec};
+use crate::spec::Stdin;
+
+pub(crate) mod files;
+#[path = "../../helper/proto.rs"]
+#[allow(dead_code)]
+pub(crate) mod proto;
+mod session;
+
+pub(crate) use session::Session;
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/helper_bin.rs"));
+}
+
+/// Where a backend must offer a writable, executable directory in every target.
+pub const HELPER_DIR: &str = "/.runcell";
+/// Where core places the helper binary.
+pub const HELPER_PATH: &str = "/.runcell/helper";
+/// The environment variable that sets the default [`ExecHelper`] mode of runs whose spec
+/// leaves it at `auto` (and of attached runs): `auto`, `required` or `off`.
+pub const EXEC_HELPER_ENV: &str = "RUNCELL_EXEC_HELPER";
+
+/// How long a helper may take to answer its first frame.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Whether a run's execs go through the in-sandbox helper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum ExecHelper {
+    /// The helper where it can run (an image of the host's architecture with a writable
+    /// helper directory), the plain exec path otherwise. [`EXEC_HELPER_ENV`] may change
+    /// this default.
+    #[default]
+    Auto,
+    /// The helper or nothing: a run whose helper cannot start fails with
+    /// [`ErrorKind::StartFailed`].
+    Required,
+    /// Always the plain exec path (one engine exec per command).
+    Off,
+}
+
+impl ExecHelper {
+    /// The mode to use: `Auto` defers to [`EXEC_HELPER_ENV`] when it is set.
+    pub(crate) fn effective(self) -> ExecHelper {
+        match self {
+            ExecHelper::Auto => match std::env::var(EXEC_HELPER_ENV).as_deref() {
+                Ok("off" | "plain") => ExecHelper::Off,
+                Ok("required" | "helper") => ExecHelper::Required,
+                _ => ExecHelper::Auto,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Which path a run's execs take ([`crate::Run::exec_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecPath {
+    /// Through the in-sandbox helper: one held-open stream, a fork+exec per command.
+    Helper,
+    /// One engine exec per command.
+    Plain,
+}
+
+/// True when this build embeds a helper (a Linux glibc target with a static C library).
+pub fn available() -> bool {
+    !embedded::BYTES.is_empty()
+}
+
+/// The helper's size and digest, as embedded.
+pub(crate) fn embedded_digest() -> (u64, u64) {
+    (embedded::BYTES.len() as u64, embedded::DIGEST)
+}
+
+/// Places the binary at [`HELPER_PATH`] (its size and digest are checked by the helper's
+/// greeting).
+async fn install<B: Backend>(backend: &B, id: &str) -> Result<()> {
+    backend
+        .put_executable(id, HELPER_PATH, bytes::Bytes::from_static(embedded::BYTES))
+        .await
+        .map_err(|e| e.with("path", HELPER_PATH))
+}
+
+/// Starts the helper already in place and checks that it is this build's.
+async fn open<B: Backend>(backend: &B, id: &str) -> Result<Session> {
+    let mut exec = RawExec::new([HELPER_PATH]);
+    exec.stdin = Stdin::Piped;
+    let process = backend.exec_raw(id, exec).await?;
+    let session = Session::open(process, GREETING_TIMEOUT).await?;
+    let hello = &session.hello;
+    if hello.version != proto::VERSION || (hello.size, hello.digest) != embedded_digest() {
+        return Err(Error::new(
+            ErrorKind::Backend,
+            format!(
+                "the helper in the target is not this build's (version {}, {} bytes)",
+                hello.version, hello.size
+            ),
+        ));
+    }
+    Ok(session)
+}
+
+/// Starts a helper in target `id`: uploads it first when `fresh` (a new target), else
+/// tries the one in place and uploads once more if that is missing or stale.
+pub(crate) async fn start<B: Backend>(backend: &B, id: &str, fresh: bool) -> Result<Arc<Session>> {
+    if !available() {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "this build has no exec helper (not built for a Linux glibc target)",
+        ));
+    }
+    if !fresh {
+        match open(backend, id).await {
+            Ok(s) => return Ok(Arc::new(s)),
+            Err(e) if e.kind() == ErrorKind::RunLost => return Err(e),
+            Err(e) => tracing::debug!(run = %id, "no usable helper in place ({e}); uploading it"),
+        }
+    }
+    install(backend, id).await?;
+    let session = open(backend, id).await?;
+    tracing::debug!(run = %id, pid = session.hello.pid, uid = session.hello.uid, "exec helper started");
+    Ok(Arc::new(session))
+}

@@ -1,0 +1,547 @@
+//! The host side of one helper connection: frames in and out over one exec stream,
+//! multiplexed by id, with the flow-control credits of the protocol.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Buf, Bytes, BytesMut};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::proto::{self, Dec, Enc, Entry, FileError, Hello, Spawn, SpawnError};
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::{ExitStatus, OutputChunk};
+use crate::raw::{RawExec, RawProcess, RawStatus};
+use crate::spec::Stdin;
+
+/// What the helper said about one id.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Started,
+    SpawnFailed(SpawnError, String),
+    Out(OutputChunk),
+    Exit(ExitStatus),
+    Entry(Entry),
+    Done,
+    FileFailed(FileError, String, String),
+    /// The connection broke.
+    Lost(String),
+}
+
+struct Slot {
+    events: mpsc::UnboundedSender<Event>,
+    stdin: Option<Arc<Semaphore>>,
+}
+
+#[derive(Default)]
+struct Table {
+    slots: HashMap<u32, Slot>,
+    kills: HashMap<u32, Vec<oneshot::Sender<()>>>,
+    dead: Option<String>,
+}
+
+/// One live helper. Dropping it closes the stream: the helper kills what it started and
+/// exits.
+pub(crate) struct Session {
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    table: Arc<Mutex<Table>>,
+    pub(crate) hello: Hello,
+    next_id: AtomicU32,
+    _stop: DropGuard,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("hello", &self.hello)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lost(why: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Backend, why.into())
+}
+
+impl Session {
+    /// Takes over a started helper exec: waits for its `HELLO` (bounded), then runs the
+    /// reader and writer tasks.
+    pub(crate) async fn open(mut process: RawProcess, timeout: Duration) -> Result<Session> {
+        let mut sink = process
+            .stdin
+            .take()
+            .ok_or_else(|| lost("the helper exec has no stdin"))?;
+        let mut buf = BytesMut::new();
+        let mut stderr = Vec::new();
+        let hello = tokio::time::timeout(timeout, async {
+            loop {
+                if let Some((kind, _, payload, n)) = proto::split_frame(&buf)
+                    .map_err(|_| lost("the helper sent a malformed frame"))?
+                {
+                    if kind != proto::HELLO {
+                        return Err(lost("the helper did not greet"));
+                    }
+                    let hello = Hello::decode(&mut Dec::new(payload))
+                        .map_err(|_| lost("the helper sent a malformed greeting"))?;
+                    buf.advance(n);
+                    return Ok(hello);
+                }
+                match process.output.next().await {
+                    Some(Ok(OutputChunk::Stdout(b))) => buf.extend_from_slice(&b),
+                    Some(Ok(OutputChunk::Stderr(b))) => stderr.extend_from_slice(&b),
+                    Some(Err(e)) => return Err(lost(format!("the helper exec broke: {e}"))),
+                    None => {
+                        let status = process.status.status().await;
+                        let status = match status {
+                            Ok(s) => s.to_string(),
+                            Err(e) => e.to_string(),
+                        };
+                        let stderr = String::from_utf8_lossy(&stderr);
+                        return Err(lost(format!(
+                            "the helper ended before its greeting ({status}): {}",
+                            stderr.trim()
+                        )));
+                    }
+                }
+            }
+        })
+        .await
+        .map_err(|_| lost("the helper did not greet in time"))??;
+
+        let table = Arc::new(Mutex::new(Table::default()));
+        let (frames, mut frames_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let stop = CancellationToken::new();
+
+        // Writer: frames to the helper's stdin, batched, flushed per batch.
+        {
+            let (table, stop) = (table.clone(), stop.clone());
+            tokio::spawn(async move {
+                let write = async {
+                    while let Some(frame) = frames_rx.recv().await {
+                        let mut batch = frame;
+                        while batch.len() < 256 * 1024 {
+                            match frames_rx.try_recv() {
+                                Ok(more) => batch.extend_from_slice(&more),
+                                Err(_) => break,
+                            }
+                        }
+                        sink.write_all(&batch).await?;
+                        sink.flush().await?;
+                    }
+                    io::Result::Ok(())
+                };
+                let why = tokio::select! {
+                    r = write => match r {
+                        Ok(()) => "the session closed".to_string(),
+                        Err(e) => format!("writing to the helper failed: {e}"),
+                    },
+                    _ = stop.cancelled() => "the session closed".to_string(),
+                };
+                let _ = sink.shutdown().await;
+                fail_all(&table, &why);
+            });
+        }
+
+        // Reader: frames from the helper's stdout, dispatched by id.
+        {
+            let (table, stop) = (table.clone(), stop.clone());
+            let mut output = process.output;
+            let status = process.status;
+            tokio::spawn(async move {
+                let read = async {
+                    loop {
+                        while let Some((kind, id, payload, n)) = proto::split_frame(&buf)
+                            .map_err(|_| "the helper sent a malformed frame".to_string())?
+                        {
+                            dispatch(&table, kind, id, payload)?;
+                            buf.advance(n);
+                        }
+                        match output.next().await {
+                            Some(Ok(OutputChunk::Stdout(b))) => buf.extend_from_slice(&b),
+                            Some(Ok(OutputChunk::Stderr(b))) => {
+                                tracing::debug!(
+                                    "exec helper: {}",
+                                    String::from_utf8_lossy(&b).trim_end()
+                                );
+                            }
+                            Some(Err(e)) => return Err(format!("the helper stream broke: {e}")),
+                            None => {
+                                let s = match status.status().await {
+                                    Ok(s) => s.to_string(),
+                                    Err(e) => e.to_string(),
+                                };
+                                return Err(format!("the helper ended ({s})"));
+                            }
+                        }
+                    }
+                    #[allow(unreachable_code)]
+                    std::result::Result::<(), String>::Ok(())
+                };
+                let why = tokio::select! {
+                    r = read => r.err().unwrap_or_default(),
+                    _ = stop.cancelled() => "the session closed".to_string(),
+                };
+                fail_all(&table, &why);
+            });
+        }
+
+        Ok(Session {
+            frames,
+            table,
+            hello,
+            next_id: AtomicU32::new(1),
+            _stop: stop.drop_guard(),
+        })
+    }
+
+    /// Why the connection is gone, once it is.
+    pub(crate) fn dead(&self) -> Option<String> {
+        self.table.lock().unwrap().dead.clone()
+    }
+
+    fn send(&self, frame: Vec<u8>) {
+        let _ = self.frames.send(frame);
+    }
+
+    /// Opens an id: its events, and a stdin window when asked.
+    fn open_id(
+        &self,
+        window: bool,
+    ) -> Result<(u32, mpsc::UnboundedReceiver<Event>, Option<Arc<Semaphore>>)> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stdin = window.then(|| Arc::new(Semaphore::new(proto::STDIN_WINDOW as usize)));
+        let mut table = self.table.lock().unwrap();
+        if let Some(why) = &table.dead {
+            return Err(lost(why.clone()));
+        }
+        table.slots.insert(
+            id,
+            Slot {
+                events: tx,
+                stdin: stdin.clone(),
+            },
+        );
+        Ok((id, rx, stdin))
+    }
+
+    /// Starts one exec: waits for the helper's answer (started or a typed spawn error).
+    pub(crate) async fn spawn(self: &Arc<Self>, raw: &RawExec) -> Result<(u32, RawProcess)> {
+        let piped = !matches!(raw.stdin, Stdin::Null);
+        let (id, mut events, window) = self.open_id(piped)?;
+        let spawn = Spawn {
+            argv: raw.argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            env: raw
+                .env
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+            working_dir: raw.working_dir.as_ref().map(|d| d.as_bytes().to_vec()),
+            user: raw.user.as_ref().map(|u| u.as_bytes().to_vec()),
+            stdin_piped: piped,
+        };
+        let mut frame = Enc::frame(proto::SPAWN, id);
+        spawn.encode(&mut frame);
+        self.send(frame.finish());
+        let status = Arc::new(Mutex::new(None));
+        match events.recv().await {
+            Some(Event::Started) => {}
+            Some(Event::SpawnFailed(kind, message)) => {
+                return spawn_failed(id, &raw.argv[0], kind, message);
+            }
+            Some(Event::Lost(why)) => return Err(lost(why)),
+            None => return Err(lost("the helper connection closed")),
+            Some(other) => return Err(lost(format!("the helper answered a spawn with {other:?}"))),
+        }
+        let stdin = window.map(|window| self.stdin_sink(id, window));
+        let output = self.output_stream(id, events, status.clone());
+        Ok((
+            id,
+            RawProcess {
+                output,
+                stdin,
+                status: Box::new(HelperStatus(status)),
+            },
+        ))
+    }
+
+    /// The exec's output, returning each chunk's bytes as credit once the pump took it.
+    fn output_stream(
+        self: &Arc<Self>,
+        id: u32,
+        events: mpsc::UnboundedReceiver<Event>,
+        status: Arc<Mutex<Option<ExitStatus>>>,
+    ) -> BoxStream<'static, io::Result<OutputChunk>> {
+        let frames = self.frames.clone();
+        futures::stream::unfold(Some(events), move |events| {
+            let (frames, status) = (frames.clone(), status.clone());
+            async move {
+                let mut events = events?;
+                loop {
+                    match events.recv().await {
+                        Some(Event::Out(chunk)) => {
+                            let n = match &chunk {
+                                OutputChunk::Stdout(b) | OutputChunk::Stderr(b) => b.len(),
+                            };
+                            let mut credit = Enc::frame(proto::CREDIT, id);
+                            credit.u32(n as u32);
+                            let _ = frames.send(credit.finish());
+                            return Some((Ok(chunk), Some(events)));
+                        }
+                        Some(Event::Exit(s)) => {
+                            *status.lock().unwrap() = Some(s);
+                            return None;
+                        }
+                        Some(Event::Lost(why)) => {
+                            return Some((Err(io::Error::other(why)), None));
+                        }
+                        None => {
+                            return Some((
+                                Err(io::Error::other("the helper connection closed")),
+                                None,
+                            ));
+                        }
+                        Some(_) => continue,
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+
+    /// A stdin sink: bytes written to it go out as `STDIN` frames within the window;
+    /// shutting it down sends `STDIN_EOF`.
+    fn stdin_sink(
+        &self,
+        id: u32,
+        window: Arc<Semaphore>,
+    ) -> std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> {
+        let (near, mut far) = tokio::io::duplex(proto::CHUNK);
+        let frames = self.frames.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; proto::CHUNK];
+            loop {
+                let n = match far.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                match window.acquire_many(n as u32).await {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => return, // the exec ended
+                }
+                let mut frame = Enc::frame(proto::STDIN, id);
+                frame.raw(&buf[..n]);
+                if frames.send(frame.finish()).is_err() {
+                    return;
+                }
+            }
+            let _ = frames.send(Enc::frame(proto::STDIN_EOF, id).finish());
+        });
+        Box::pin(near)
+    }
+
+    /// Kills the process tree of exec `id`; returns once the helper says it is done.
+    pub(crate) async fn kill(&self, id: u32) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut table = self.table.lock().unwrap();
+            if let Some(why) = &table.dead {
+                return Err(lost(why.clone()));
+            }
+            table.kills.entry(id).or_default().push(tx);
+        }
+        self.send(Enc::frame(proto::KILL, id).finish());
+        rx.await
+            .map_err(|_| lost("the helper connection broke during a kill"))
+    }
+
+    /// Starts a file operation (`PUT` of `dir` or `GET` of `path`): its id, events and
+    /// stdin window.
+    pub(crate) fn file_op(
+        &self,
+        kind: u8,
+        path: &str,
+    ) -> Result<(u32, mpsc::UnboundedReceiver<Event>, Option<Arc<Semaphore>>)> {
+        let (id, events, window) = self.open_id(kind == proto::PUT)?;
+        let mut frame = Enc::frame(kind, id);
+        frame.bytes(path.as_bytes());
+        self.send(frame.finish());
+        Ok((id, events, window))
+    }
+
+    /// Sends a frame of an open operation.
+    pub(crate) fn send_frame(&self, frame: Vec<u8>) -> Result<()> {
+        self.frames
+            .send(frame)
+            .map_err(|_| lost("the helper connection closed"))
+    }
+}
+
+/// A spawn the helper refused, as the plain path reports it: a missing or
+/// non-executable program is exit 127 / 126 with the reason on stderr; a missing working
+/// directory or user is [`ExitStatus::NotStarted`] naming the field.
+fn spawn_failed(
+    id: u32,
+    program: &str,
+    kind: SpawnError,
+    message: String,
+) -> Result<(u32, RawProcess)> {
+    let (status, stderr) = match kind {
+        SpawnError::NotFound => (ExitStatus::Exited(127), format!("{program}: {message}\n")),
+        SpawnError::NotExecutable => (ExitStatus::Exited(126), format!("{program}: {message}\n")),
+        SpawnError::WorkingDirMissing | SpawnError::WorkingDirDenied => (
+            ExitStatus::NotStarted {
+                field: "working_dir".into(),
+                reason: message,
+            },
+            String::new(),
+        ),
+        SpawnError::UnknownUser | SpawnError::UserDenied => (
+            ExitStatus::NotStarted {
+                field: "user".into(),
+                reason: message,
+            },
+            String::new(),
+        ),
+        SpawnError::Resources => {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("the sandbox refused a new process (pids or memory limit): {message}"),
+            )
+            .temporary());
+        }
+        SpawnError::Other => {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!("the exec helper could not start the command: {message}"),
+            ));
+        }
+    };
+    let output = if stderr.is_empty() {
+        futures::stream::empty().boxed()
+    } else {
+        futures::stream::iter([Ok(OutputChunk::Stderr(Bytes::from(stderr)))]).boxed()
+    };
+    Ok((
+        id,
+        RawProcess {
+            output,
+            stdin: None,
+            status: Box::new(HelperStatus(Arc::new(Mutex::new(Some(status))))),
+        },
+    ))
+}
+
+struct HelperStatus(Arc<Mutex<Option<ExitStatus>>>);
+
+#[async_trait]
+impl RawStatus for HelperStatus {
+    async fn status(&self) -> Result<ExitStatus> {
+        self.0
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| lost("the helper reported no exit status"))
+    }
+}
+
+/// Marks the connection dead and tells every open id.
+fn fail_all(table: &Mutex<Table>, why: &str) {
+    let mut table = table.lock().unwrap();
+    if table.dead.is_none() {
+        table.dead = Some(why.to_string());
+    }
+    for (_, slot) in table.slots.drain() {
+        let _ = slot.events.send(Event::Lost(why.to_string()));
+        if let Some(w) = slot.stdin {
+            w.close();
+        }
+    }
+    table.kills.clear();
+}
+
+/// Routes one frame from the helper.
+fn dispatch(
+    table: &Mutex<Table>,
+    kind: u8,
+    id: u32,
+    payload: &[u8],
+) -> std::result::Result<(), String> {
+    let bad = || format!("the helper sent a malformed frame (kind {kind})");
+    let mut d = Dec::new(payload);
+    let mut table = table.lock().unwrap();
+    let (event, last) = match kind {
+        proto::STARTED => (Event::Started, false),
+        proto::SPAWN_ERROR => {
+            let k = SpawnError::from_u8(d.u8().map_err(|_| bad())?);
+            let msg = String::from_utf8_lossy(d.bytes().map_err(|_| bad())?).into_owned();
+            (Event::SpawnFailed(k, msg), true)
+        }
+        proto::STDOUT => (
+            Event::Out(OutputChunk::Stdout(Bytes::copy_from_slice(payload))),
+            false,
+        ),
+        proto::STDERR => (
+            Event::Out(OutputChunk::Stderr(Bytes::copy_from_slice(payload))),
+            false,
+        ),
+        proto::EXIT => {
+            let k = d.u8().map_err(|_| bad())?;
+            let v = d.i32().map_err(|_| bad())?;
+            let status = if k == proto::SIGNALED {
+                ExitStatus::Signaled(v)
+            } else {
+                ExitStatus::Exited(v)
+            };
+            (Event::Exit(status), true)
+        }
+        proto::ENTRY => (
+            Event::Entry(Entry::decode(&mut d).map_err(|_| bad())?),
+            false,
+        ),
+        proto::DONE => (Event::Done, true),
+        proto::FILE_ERROR => {
+            let k = FileError::from_u8(d.u8().map_err(|_| bad())?);
+            let path = String::from_utf8_lossy(d.bytes().map_err(|_| bad())?).into_owned();
+            let msg = String::from_utf8_lossy(d.bytes().map_err(|_| bad())?).into_owned();
+            (Event::FileFailed(k, path, msg), true)
+        }
+        proto::STDIN_ACK => {
+            let n = d.u32().map_err(|_| bad())?;
+            if let Some(w) = table.slots.get(&id).and_then(|s| s.stdin.as_ref()) {
+                w.add_permits(n as usize);
+            }
+            return Ok(());
+        }
+        proto::KILLED => {
+            for tx in table.kills.remove(&id).unwrap_or_default() {
+                let _ = tx.send(());
+            }
+            return Ok(());
+        }
+        proto::PROTOCOL_ERROR => {
+            return Err(format!(
+                "the helper refused a frame: {}",
+                String::from_utf8_lossy(d.bytes().unwrap_or_default())
+            ));
+        }
+        _ => return Err(bad()),
+    };
+    if last {
+        if let Some(slot) = table.slots.remove(&id) {
+            let _ = slot.events.send(event);
+            if let Some(w) = slot.stdin {
+                w.close();
+            }
+        }
+    } else if let Some(slot) = table.slots.get(&id) {
+        let _ = slot.events.send(event);
+    }
+    Ok(())
+}
