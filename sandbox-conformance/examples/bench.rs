@@ -183,9 +183,8 @@ async fn main() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "docker".into());
     let rounds: usize = args.next().map(|n| n.parse()).transpose()?.unwrap_or(20);
-    let driver: Arc<dyn Driver> = runcell_core::connect(&name, DriverConfig::from_env(&name))
-        .await?
-        .into();
+    let driver: Arc<dyn Driver> =
+        runcell_core::connect(&name, DriverConfig::from_env(&name)).await?;
     let docker = if name == "docker" {
         Some(bollard::Docker::connect_with_defaults()?)
     } else {

@@ -502,10 +502,13 @@ impl<'a> Dec<'a> {
     }
 }
 
+/// One frame split off a buffer: kind, id, payload, and the frame's whole length.
+pub type Split<'a> = (u8, u32, &'a [u8], usize);
+
 /// Splits one frame off the front of `buf`: `(kind, id, payload, frame length)`, `None`
 /// while `buf` holds less than a whole frame; `Err` for a length over [`MAX_PAYLOAD`]
 /// or under the header.
-pub fn split_frame(buf: &[u8]) -> Result<Option<(u8, u32, &[u8], usize)>, DecodeError> {
+pub fn split_frame(buf: &[u8]) -> Result<Option<Split<'_>>, DecodeError> {
     if buf.len() < 4 {
         return Ok(None);
     }

@@ -178,8 +178,7 @@ pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream
             drop(out);
         }
     });
-    let stream = ReaderStream::new(near).map(|r| r.map(Bytes::from));
-    Ok(stream.boxed())
+    Ok(ReaderStream::new(near).boxed())
 }
 
 fn write_tar(
