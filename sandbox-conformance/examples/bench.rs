@@ -190,9 +190,10 @@ async fn main() -> Res<()> {
     } else {
         None
     };
-    let spec = RunSpec::new("sandbox-test/busybox:latest")
-        .label("sandbox.example/bench", "1")
-        .network(Network::None);
+    let mut spec = RunSpec::new("sandbox-test/busybox:latest").label("sandbox.example/bench", "1");
+    if driver.capabilities().network_none {
+        spec = spec.network(Network::None);
+    }
     let helper_spec = spec.clone().exec_helper(ExecHelper::Required);
     let plain_spec = spec.clone().exec_helper(ExecHelper::Off);
 

@@ -74,9 +74,9 @@ pub const MAX_PAYLOAD: usize = 1 << 20;
 /// Largest data chunk in one `STDOUT`/`STDERR`/`STDIN` frame.
 pub const CHUNK: usize = 64 * 1024;
 /// Output bytes (stdout + stderr) of one exec the helper may send before any `CREDIT`.
-pub const INITIAL_CREDIT: u32 = 256 * 1024;
+pub const INITIAL_CREDIT: u32 = 1024 * 1024;
 /// Unacknowledged stdin bytes of one exec the host may have in flight.
-pub const STDIN_WINDOW: u32 = 256 * 1024;
+pub const STDIN_WINDOW: u32 = 1024 * 1024;
 /// How often the helper re-reads `/proc` to track the processes of live execs.
 pub const TRACK_INTERVAL_MS: u64 = 100;
 /// Time between SIGTERM and SIGKILL in a kill.
