@@ -701,7 +701,7 @@ fn large_stdout_with_credit() {
 #[test]
 fn no_credit_means_no_output() {
     let mut h = Helper::start();
-    let total = 1024 * 1024;
+    let total = 4 * INITIAL_CREDIT as usize;
     h.spawn(
         1,
         &spawn_of(&["head", "-c", &total.to_string(), "/dev/zero"]),
