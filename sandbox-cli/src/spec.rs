@@ -347,6 +347,7 @@ struct SpecFile {
     network: Option<Network>,
     security: SecurityFile,
     ttl: Option<Ttl>,
+    exec_helper: Option<runcell_core::ExecHelper>,
 }
 
 #[derive(Deserialize, Default)]
@@ -440,6 +441,9 @@ impl SpecFile {
             spec.security.read_only_rootfs = on;
         }
         spec.ttl = self.ttl.map(|t| t.0);
+        if let Some(mode) = self.exec_helper {
+            spec.exec_helper = mode;
+        }
         Ok(spec)
     }
 }
@@ -661,7 +665,8 @@ mod tests {
             .ttl(Duration::from_secs(3600))
             .pull(PullPolicy::Never)
             .working_dir("/workspace/sub")
-            .user("1000:1000");
+            .user("1000:1000")
+            .exec_helper(runcell_core::ExecHelper::Off);
         spec.proxy.http = Some("http://proxy:3128".into());
         spec.proxy.no_proxy = vec!["internal".into()];
         let json = serde_json::to_string_pretty(&spec).unwrap();
