@@ -171,7 +171,7 @@ fn main() -> Result<()> {
                 env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
                 env
             };
-            suites_side_by_side(&[
+            let docker_sessions = suites_side_by_side(&[
                 Suite::new(
                     "docker/helper",
                     "docker",
@@ -195,7 +195,11 @@ fn main() -> Result<()> {
             };
             k8s_result?;
             down?;
-            engine::assert_no_leftovers(&session)
+            engine::assert_no_leftovers(&session)?;
+            for session in docker_sessions {
+                engine::assert_no_leftovers(&session)?;
+            }
+            Ok(())
         }
     }
 }
@@ -219,14 +223,17 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
         }
         env
     };
-    suites_side_by_side(&[
+    let mut sessions = suites_side_by_side(&[
         Suite::new("k8s/helper", "k8s", &ours, env("required", false)),
         Suite::new("k8s/plain", "k8s", &ours, env("off", false)),
     ])?;
-    suites_side_by_side(&[
+    sessions.extend(suites_side_by_side(&[
         Suite::new("k8s-v4/helper", "k8s", &ours, env("required", true)),
         Suite::new("k8s-v4/plain", "k8s", &ours, env("off", true)),
-    ])?;
+    ])?);
+    for sub in sessions {
+        k8s::assert_no_leftovers(admin, &sub)?;
+    }
     // The `sandbox` CLI on the cluster, as the same restricted ServiceAccount.
     cargo(
         &["test", "--quiet", "-p", "runcell-cli", "--test", "k8s"],
@@ -272,8 +279,11 @@ impl<'a> Suite<'a> {
 }
 
 /// Runs suites at the same time (their test binaries built first, once), each into its
-/// own log; prints every log when all ended; fails if any failed.
-fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<()> {
+/// own log; prints every log when all ended; fails if any failed. Each suite gets its own
+/// session label value (the given one and its label), since a case checks that nothing
+/// with its session and case labels remains; returns those values for the leftover checks.
+fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
+    let mut sessions = Vec::new();
     let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/xtask-logs");
     std::fs::create_dir_all(&logs)?;
     for suite in suites {
@@ -289,9 +299,16 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<()> {
         let mut argv = vec!["test".to_string()];
         argv.extend(suite.target.cargo_args()?);
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut env = suite.env.clone();
+        for (k, v) in &mut env {
+            if *k == SESSION_ENV {
+                *v = format!("{v}-{}", suite.label.replace('/', "-"));
+                sessions.push(v.clone());
+            }
+        }
         let child = Command::new(cargo)
             .args(&argv)
-            .envs(suite.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("SANDBOX_TEST", suite.driver)
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -314,7 +331,7 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<()> {
     if !failed.is_empty() {
         bail!("suites failed: {}", failed.join(", "));
     }
-    Ok(())
+    Ok(sessions)
 }
 
 /// The drivers `cargo xtask test` runs the suite on.
