@@ -32,6 +32,10 @@
 //! - host `KILL` → the helper kills the exec's whole process tree (see below) and answers
 //!   `KILLED` once it is done (the `EXIT` of the root still follows, if not sent yet).
 //!   `KILL` for an id the helper does not know (already exited) answers `KILLED` at once.
+//!   `KILL` implies `DISCARD`.
+//! - host `DISCARD`: the host's reader of this id is gone; see [`DISCARD`].
+//! - The host counts what it receives against the credit it granted; a helper that sends
+//!   more is a protocol error and the host drops the connection.
 //!
 //! # Kill
 //! The helper is a child subreaper (`PR_SET_CHILD_SUBREAPER`) and spawns each exec's root
@@ -56,21 +60,27 @@
 //!   it discards the operation's remaining frames.
 //! - host `GET` (path: absolute) → helper `ENTRY` frames for the path itself (its base name)
 //!   and, for a directory, everything below it, depth first, each regular file followed by
-//!   exactly `size` bytes of `STDOUT` frames (under the exec credit rule), then `DONE`; or
-//!   `FILE_ERROR`.
+//!   exactly `size` bytes of `STDOUT` frames, then `DONE`; or `FILE_ERROR`. `ENTRY` and
+//!   `STDOUT` payload bytes both count against the id's credit (the exec rule).
 //!
 //! # Connection
 //! - helper `HELLO` (id 0) first: [`Hello`].
 //! - host `PING` → helper `PONG`, same id.
-//! - When its stdin ends or breaks, the helper kills every exec tree it started (at once,
-//!   SIGKILL) and exits: a broken stream never leaves processes behind.
+//! - When its stdin ends or breaks, the helper kills the process tree of every exec whose
+//!   `EXIT` it has not sent (at once, SIGKILL) and exits: a broken stream never leaves a
+//!   running command behind. Background processes of execs that already ended are left
+//!   alone, as after a plain exec.
+//! - The helper never blocks reading stdin on a write to stdout (one writer thread with a
+//!   queue; what it queues is bounded by the credits and windows above): on Kubernetes
+//!   one task carries both directions, and a helper that stopped reading could deadlock it.
 
 use std::fmt;
 
 /// Bumped on any incompatible change; the host refuses a helper of another version.
 pub const VERSION: u32 = 1;
-/// Largest frame payload either side accepts.
-pub const MAX_PAYLOAD: usize = 1 << 20;
+/// Largest frame payload either side accepts: a `SPAWN` of the largest exec the library
+/// validates (argv and env up to 1 MiB each) fits.
+pub const MAX_PAYLOAD: usize = 4 << 20;
 /// Largest data chunk in one `STDOUT`/`STDERR`/`STDIN` frame.
 pub const CHUNK: usize = 64 * 1024;
 /// Output bytes (stdout + stderr) of one exec the helper may send before any `CREDIT`.
@@ -99,6 +109,11 @@ pub const PING: u8 = 6;
 pub const PUT: u8 = 7;
 /// Start a file download: the path (absolute, byte string).
 pub const GET: u8 = 8;
+/// The host reads no more output of this id (its reader is gone): the helper stops
+/// sending `STDOUT`/`STDERR`/`ENTRY` for it, keeps draining an exec's pipes (dropping the
+/// data, so the process is never blocked on them) and still sends its `EXIT`; a `GET` is
+/// abandoned (its file closed) with no further frame. `KILL` implies it.
+pub const DISCARD: u8 = 9;
 
 // Frame kinds, helper → host.
 /// [`Hello`], id 0, the helper's first frame.

@@ -311,7 +311,12 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
             },
         };
         if let Some(e) = helper_error {
-            check_alive(&run).await?;
+            // The plain path from here on (the liveness check must not start a helper
+            // again); its errors say best why a target is unusable.
+            *run.helper.lock().await = HelperState::Plain;
+            check_alive(&run)
+                .await
+                .map_err(|alive| alive.with("exec_helper", &e))?;
             if mode == ExecHelper::Required {
                 return Err(Error::new(
                     ErrorKind::StartFailed,
@@ -321,7 +326,6 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
                 .with("run", &id));
             }
             tracing::info!(run = %id, "the exec helper could not start ({e}); using plain execs");
-            *run.helper.lock().await = HelperState::Plain;
         } else if mode == ExecHelper::Off {
             check_alive(&run).await?;
         }

@@ -193,6 +193,10 @@ pub(crate) async fn start(
     // On v4, stdin must stay open until the exec is over: a task writes the header and
     // the bytes, then holds the writer until the exec's status is dropped.
     let (keep_open, mut keep_open_rx) = tokio::sync::oneshot::channel::<()>();
+    // A piped stdin on v4 (only core's exec helper asks for one there: the capability is
+    // off) is handed over raw after the header; its end closes the whole connection,
+    // which the helper takes as its end too.
+    let framed_stdin = framed_stdin && !matches!(spec.stdin, Stdin::Piped);
     let sink: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>> = if framed_stdin {
         let bytes = match &spec.stdin {
             Stdin::Bytes(b) => b.clone(),

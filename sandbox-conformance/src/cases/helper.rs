@@ -200,3 +200,92 @@ pub async fn a_dead_helper_loses_execs_and_recovers(cx: &Context) -> anyhow::Res
     run.stop().await?;
     Ok(())
 }
+
+/// A command that floods its output while nobody reads it still times out, is killed,
+/// and leaves nothing behind (on the helper path: no thread, pipe or credit stuck in the
+/// helper), however many times it happens.
+pub async fn unread_floods_time_out_and_leave_nothing(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    for _ in 0..5 {
+        let stream = run
+            .exec_stream(ExecSpec::new(["yes", "flood"]).timeout(Duration::from_millis(500)))
+            .await?;
+        // Nobody reads for a while: the flood fills every buffer on the way.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let status = tokio::time::timeout(Duration::from_secs(20), stream.wait())
+            .await
+            .context("an unread flood did not end after its timeout")?;
+        ensure!(status == ExitStatus::TimedOut, "an unread flood: {status}");
+    }
+    let started = Instant::now();
+    loop {
+        let procs = sh_stdout(
+            &*run,
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
+        )
+        .await?;
+        if !procs.contains("yes flood") {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(10),
+            "the floods still run:\n{procs}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if run.exec_path() == ExecPath::Helper {
+        let threads = sh_stdout(
+            &*run,
+            "for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in \
+               /.runcell/helper*) ls $d/task | wc -l;; esac; done",
+        )
+        .await?;
+        let threads: usize = threads
+            .lines()
+            .map(|l| l.trim().parse::<usize>().unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        // Idle: reader, writer, reaper (and one per running exec: the one asking).
+        ensure!(
+            threads <= 8,
+            "the helper holds {threads} threads after the floods ended"
+        );
+    }
+    run.stop().await?;
+    Ok(())
+}
+
+/// A background process an exec leaves behind outlives the `Run` handle that started it
+/// (another handle, attached later, still sees it), as after a plain engine exec: closing
+/// a handle (and with it the helper's stream) kills only what is still running as an exec.
+pub async fn background_processes_outlive_the_run_handle(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.create(&cx.spec()).await?;
+    let id = run.id().to_string();
+    let out = run
+        .exec(ExecSpec::new([
+            "sh",
+            "-c",
+            "sleep 1777 >/dev/null 2>&1 </dev/null & echo started",
+        ]))
+        .await?;
+    ensure!(
+        out.stdout_str() == "started\n",
+        "got {:?}",
+        out.stdout_str()
+    );
+    drop(run);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = cx.driver.attach(&id).await?;
+    let procs = sh_stdout(
+        &*again,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
+    )
+    .await?;
+    let alive = procs.contains("sleep 1777");
+    again.stop().await?;
+    ensure!(
+        alive,
+        "the background process died with the handle:\n{procs}"
+    );
+    Ok(())
+}

@@ -108,4 +108,6 @@ pub static CASES: &[Case] = &[
     case!(signals_and_exit_codes_are_told_apart),
     case!(files_move_without_tar_in_the_image, files),
     case!(a_dead_helper_loses_execs_and_recovers),
+    case!(unread_floods_time_out_and_leave_nothing),
+    case!(background_processes_outlive_the_run_handle, |c| c.attach),
 ];

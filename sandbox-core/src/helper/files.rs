@@ -7,10 +7,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::{Semaphore, mpsc};
-use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
+use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::proto::{self, Enc, Entry, FileError};
-use super::session::{Event, Session};
+use super::session::{ANSWER_TIMEOUT, Event, Receiver, Session};
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::OutputChunk;
 use crate::files::ByteStream;
@@ -23,6 +23,10 @@ fn file_error(kind: FileError, path: &str, message: &str, op: &str) -> Error {
     };
     match kind {
         FileError::NotFound => Error::new(ErrorKind::NotFound, what).with_field("path"),
+        // Reading below a non-directory: the path does not exist.
+        FileError::NotDir if op == "get" => {
+            Error::new(ErrorKind::NotFound, what).with_field("path")
+        }
         FileError::IsDir | FileError::NotDir => Error::invalid_spec(
             "path",
             format!("would replace a directory with a non-directory (or the reverse): {what}"),
@@ -48,6 +52,15 @@ fn lost(why: String) -> Error {
 pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> Result<()> {
     let (id, mut events, window) = session.file_op(proto::PUT, dir)?;
     let window = window.expect("a PUT has a stdin window");
+    // However this ends (answer, error, or the future dropped), the sender stops and
+    // still ends the operation with `STDIN_EOF`.
+    struct CloseOnDrop(Arc<Semaphore>);
+    impl Drop for CloseOnDrop {
+        fn drop(&mut self) {
+            self.0.close();
+        }
+    }
+    let _close = CloseOnDrop(window.clone());
     let sender = {
         let (session, window) = (session.clone(), window.clone());
         let reader = SyncIoBridge::new(StreamReader::new(tar));
@@ -58,7 +71,7 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
     let mut sent = false;
     loop {
         tokio::select! {
-            event = events.recv() => {
+            event = events.next() => {
                 window.close();
                 return match event {
                     Some(Event::Done) => Ok(()),
@@ -72,9 +85,9 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
                 match r {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => {
-                        // The helper discards a half-sent operation: end it, report ours.
-                        let _ = session.send_frame(Enc::frame(proto::STDIN_EOF, id).finish());
+                        // The helper discards a half-sent operation (ended by the sender).
                         window.close();
+                        events.quiet();
                         return Err(e);
                     }
                     Err(e) => return Err(Error::new(ErrorKind::Backend, format!("the upload task failed: {e}"))),
@@ -84,8 +97,21 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
     }
 }
 
-/// Reads the tar (blocking) and sends each entry and its data within the window.
+/// Reads the tar (blocking) and sends each entry and its data within the window; ends
+/// the operation with `STDIN_EOF` whatever happens.
 fn send_entries(
+    session: &Session,
+    id: u32,
+    window: &Semaphore,
+    reader: impl Read,
+    handle: &tokio::runtime::Handle,
+) -> Result<()> {
+    let result = send_entries_inner(session, id, window, reader, handle);
+    let _ = session.send_frame(Enc::frame(proto::STDIN_EOF, id).finish());
+    result
+}
+
+fn send_entries_inner(
     session: &Session,
     id: u32,
     window: &Semaphore,
@@ -102,18 +128,35 @@ fn send_entries(
             tar::EntryType::Directory => proto::DIRECTORY,
             tar::EntryType::Symlink => proto::SYMLINK,
             other => {
-                tracing::debug!("put_archive: skipping a tar entry of type {other:?}");
-                continue;
+                return Err(Error::unsupported(
+                    "tar",
+                    format!(
+                        "a tar entry of type {other:?} ({}) through the exec helper (regular files, directories and symlinks only)",
+                        String::from_utf8_lossy(&entry.path_bytes())
+                    ),
+                ));
             }
         };
-        let path = entry.path().map_err(bad)?;
-        let path = path.to_string_lossy();
-        let path = path.trim_start_matches("./").trim_end_matches('/');
-        if path.is_empty() || path == "." {
+        // As tar does: leading `/` and `./` are dropped.
+        let raw = entry.path_bytes().into_owned();
+        let mut path: &[u8] = &raw;
+        loop {
+            if let Some(rest) = path.strip_prefix(b"/") {
+                path = rest;
+            } else if let Some(rest) = path.strip_prefix(b"./") {
+                path = rest;
+            } else {
+                break;
+            }
+        }
+        while let Some(rest) = path.strip_suffix(b"/") {
+            path = rest;
+        }
+        if path.is_empty() || path == b"." {
             continue;
         }
         let e = Entry {
-            path: path.as_bytes().to_vec(),
+            path: path.to_vec(),
             kind,
             mode: header.mode().unwrap_or(0o644) & 0o7777,
             uid: header.uid().unwrap_or(0) as u32,
@@ -146,7 +189,7 @@ fn send_entries(
             }
             match handle.block_on(window.acquire_many(n as u32)) {
                 Ok(p) => p.forget(),
-                Err(_) => return Ok(()), // the helper answered already
+                Err(_) => return Ok(()), // the helper answered already, or we were dropped
             }
             let mut frame = Enc::frame(proto::STDIN, id);
             frame.raw(&buf[..n]);
@@ -154,48 +197,76 @@ fn send_entries(
             left -= n as u64;
         }
     }
-    session.send_frame(Enc::frame(proto::STDIN_EOF, id).finish())
+    Ok(())
 }
 
 /// A tar stream of `path` through the helper. A missing path is an error here, not a
-/// broken stream.
+/// broken stream; a failure later is an error item of the stream, never a short archive.
 pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream> {
-    let (id, mut events, _) = session.file_op(proto::GET, path)?;
-    let first = match events.recv().await {
-        Some(Event::Entry(e)) => e,
-        Some(Event::FileFailed(k, p, msg)) => return Err(file_error(k, &p, &msg, "get")),
-        Some(Event::Lost(why)) => return Err(lost(why)),
-        other => return Err(lost(format!("unexpected answer to a GET: {other:?}"))),
+    let (_, mut events, _) = session.file_op(proto::GET, path)?;
+    let first = match tokio::time::timeout(ANSWER_TIMEOUT, events.next()).await {
+        Ok(Some(Event::Entry(e, n))) => {
+            events.give_credit(n);
+            e
+        }
+        Ok(Some(Event::FileFailed(k, p, msg))) => return Err(file_error(k, &p, &msg, "get")),
+        Ok(Some(Event::Lost(why))) => return Err(lost(why)),
+        Ok(other) => return Err(lost(format!("unexpected answer to a GET: {other:?}"))),
+        Err(_) => return Err(lost("the helper did not answer a GET in time".into())),
     };
-    let (near, far) = tokio::io::duplex(proto::CHUNK);
-    let session = session.clone();
+    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
     tokio::task::spawn_blocking(move || {
-        let mut out = SyncIoBridge::new(far);
-        if let Err(e) = write_tar(&session, id, first, events, &mut out) {
+        let mut out = ChannelWriter { tx: tx.clone() };
+        // On failure `events` is dropped before its last event: the helper is told to
+        // abandon the GET.
+        if let Err(e) = write_tar(first, events, &mut out) {
             tracing::debug!("get_archive through the helper failed: {e}");
-            // Dropping the writer without the tar's end makes the reader's stream fail
-            // (the end-of-archive blocks are missing).
-            drop(out);
+            let _ = tx.blocking_send(Err(e));
         }
     });
-    Ok(ReaderStream::new(near).boxed())
+    Ok(tokio_stream_of(rx))
 }
 
-fn write_tar(
-    session: &Session,
-    id: u32,
-    first: Entry,
-    mut events: mpsc::UnboundedReceiver<Event>,
-    out: &mut impl io::Write,
-) -> io::Result<()> {
-    let mut builder = tar::Builder::new(out);
+/// The receiving end of a channel as a stream.
+fn tokio_stream_of(rx: mpsc::Receiver<io::Result<Bytes>>) -> ByteStream {
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
+}
+
+/// A blocking `Write` into a channel of chunks; fails once the reader is gone.
+struct ChannelWriter {
+    tx: mpsc::Sender<io::Result<Bytes>>,
+}
+
+impl io::Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.tx
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::BrokenPipe, "the archive's reader is gone")
+            })?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn write_tar(first: Entry, mut events: Receiver, out: &mut impl io::Write) -> io::Result<()> {
+    let mut builder = tar::Builder::new(io::BufWriter::with_capacity(proto::CHUNK, out));
     builder.follow_symlinks(false);
     let mut next = Some(first);
     loop {
         let entry = match next.take() {
             Some(e) => e,
-            None => match events.blocking_recv() {
-                Some(Event::Entry(e)) => e,
+            None => match events.blocking_next() {
+                Some(Event::Entry(e, n)) => {
+                    events.give_credit(n);
+                    e
+                }
                 Some(Event::Done) => break,
                 Some(Event::FileFailed(_, p, msg)) => {
                     return Err(io::Error::other(format!("{p}: {msg}")));
@@ -209,7 +280,9 @@ fn write_tar(
         header.set_uid(u64::from(entry.uid));
         header.set_gid(u64::from(entry.gid));
         header.set_mtime(entry.mtime.max(0) as u64);
-        let path = String::from_utf8_lossy(&entry.path).into_owned();
+        let path = std::path::PathBuf::from(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&entry.path),
+        );
         match entry.kind {
             proto::DIRECTORY => {
                 header.set_entry_type(tar::EntryType::Directory);
@@ -219,15 +292,14 @@ fn write_tar(
             proto::SYMLINK => {
                 header.set_entry_type(tar::EntryType::Symlink);
                 header.set_size(0);
-                let target = String::from_utf8_lossy(&entry.link).into_owned();
-                builder.append_link(&mut header, &path, &target)?;
+                let target =
+                    <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&entry.link);
+                builder.append_link(&mut header, &path, target)?;
             }
             _ => {
                 header.set_entry_type(tar::EntryType::Regular);
                 header.set_size(entry.size);
                 let data = Data {
-                    session,
-                    id,
                     events: &mut events,
                     left: entry.size,
                     pending: Bytes::new(),
@@ -236,14 +308,12 @@ fn write_tar(
             }
         }
     }
-    builder.into_inner()?.flush()
+    io::Write::flush(&mut builder.into_inner()?)
 }
 
 /// One file's data, read from `STDOUT` frames, returning credit as it goes.
 struct Data<'a> {
-    session: &'a Session,
-    id: u32,
-    events: &'a mut mpsc::UnboundedReceiver<Event>,
+    events: &'a mut Receiver,
     left: u64,
     pending: Bytes,
 }
@@ -254,11 +324,9 @@ impl Read for Data<'_> {
             if self.left == 0 {
                 return Ok(0);
             }
-            match self.events.blocking_recv() {
+            match self.events.blocking_next() {
                 Some(Event::Out(OutputChunk::Stdout(b))) => {
-                    let mut credit = Enc::frame(proto::CREDIT, self.id);
-                    credit.u32(b.len() as u32);
-                    let _ = self.session.send_frame(credit.finish());
+                    self.events.give_credit(b.len());
                     self.pending = b;
                 }
                 Some(Event::FileFailed(_, p, msg)) => {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +28,8 @@ pub(crate) enum Event {
     SpawnFailed(SpawnError, String),
     Out(OutputChunk),
     Exit(ExitStatus),
-    Entry(Entry),
+    /// An entry and its payload's length (it counts against the credit).
+    Entry(Entry, usize),
     Done,
     FileFailed(FileError, String, String),
     /// The connection broke.
@@ -38,6 +39,71 @@ pub(crate) enum Event {
 struct Slot {
     events: mpsc::UnboundedSender<Event>,
     stdin: Option<Arc<Semaphore>>,
+    /// Output bytes the helper may still send: a helper that sends more is cut off, so
+    /// what the sandbox sends can never grow the host's memory past the credits.
+    credit: Arc<AtomicI64>,
+}
+
+/// The receiving side of one id: its events, the credit it hands back as it consumes
+/// output, and, when dropped before the id's last event, a `DISCARD` (and a `KILL`
+/// while a spawn is unanswered) so that the helper never waits on a reader that is gone.
+pub(crate) struct Receiver {
+    id: u32,
+    events: mpsc::UnboundedReceiver<Event>,
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    credit: Arc<AtomicI64>,
+    done: bool,
+    kill_on_drop: bool,
+}
+
+impl Receiver {
+    fn track(&mut self, event: Option<Event>) -> Option<Event> {
+        match &event {
+            Some(Event::Out(_) | Event::Entry(..) | Event::Started) => {}
+            _ => self.done = true,
+        }
+        event
+    }
+
+    /// The next event; `None` once the connection is gone.
+    pub(crate) async fn next(&mut self) -> Option<Event> {
+        let event = self.events.recv().await;
+        self.track(event)
+    }
+
+    /// [`Receiver::next`] from a blocking thread.
+    pub(crate) fn blocking_next(&mut self) -> Option<Event> {
+        let event = self.events.blocking_recv();
+        self.track(event)
+    }
+
+    /// Drops the receiver without telling the helper (an operation it ends by itself, such
+    /// as a `PUT` ended with `STDIN_EOF`).
+    pub(crate) fn quiet(mut self) {
+        self.done = true;
+    }
+
+    /// Grants the helper `n` more output bytes (after consuming as many).
+    pub(crate) fn give_credit(&self, n: usize) {
+        self.credit.fetch_add(n as i64, Ordering::Relaxed);
+        let mut credit = Enc::frame(proto::CREDIT, self.id);
+        credit.u32(n as u32);
+        let _ = self.frames.send(credit.finish());
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.kill_on_drop {
+            let _ = self.frames.send(Enc::frame(proto::KILL, self.id).finish());
+        }
+        let _ = self
+            .frames
+            .send(Enc::frame(proto::DISCARD, self.id).finish());
+    }
 }
 
 #[derive(Default)]
@@ -54,6 +120,7 @@ pub(crate) struct Session {
     table: Arc<Mutex<Table>>,
     pub(crate) hello: Hello,
     next_id: AtomicU32,
+    stop: CancellationToken,
     _stop: DropGuard,
 }
 
@@ -145,6 +212,7 @@ impl Session {
                 };
                 let _ = sink.shutdown().await;
                 fail_all(&table, &why);
+                stop.cancel();
             });
         }
 
@@ -188,6 +256,8 @@ impl Session {
                     _ = stop.cancelled() => "the session closed".to_string(),
                 };
                 fail_all(&table, &why);
+                // The writer closes the helper's stdin: it kills what still runs.
+                stop.cancel();
             });
         }
 
@@ -196,6 +266,7 @@ impl Session {
             table,
             hello,
             next_id: AtomicU32::new(1),
+            stop: stop.clone(),
             _stop: stop.drop_guard(),
         })
     }
@@ -209,14 +280,12 @@ impl Session {
         let _ = self.frames.send(frame);
     }
 
-    /// Opens an id: its events, and a stdin window when asked.
-    fn open_id(
-        &self,
-        window: bool,
-    ) -> Result<(u32, mpsc::UnboundedReceiver<Event>, Option<Arc<Semaphore>>)> {
+    /// Opens an id: its receiver, and a stdin window when asked.
+    fn open_id(&self, window: bool) -> Result<(Receiver, Option<Arc<Semaphore>>)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let stdin = window.then(|| Arc::new(Semaphore::new(proto::STDIN_WINDOW as usize)));
+        let credit = Arc::new(AtomicI64::new(i64::from(proto::INITIAL_CREDIT)));
         let mut table = self.table.lock().unwrap();
         if let Some(why) = &table.dead {
             return Err(lost(why.clone()));
@@ -226,15 +295,25 @@ impl Session {
             Slot {
                 events: tx,
                 stdin: stdin.clone(),
+                credit: credit.clone(),
             },
         );
-        Ok((id, rx, stdin))
+        let receiver = Receiver {
+            id,
+            events: rx,
+            frames: self.frames.clone(),
+            credit,
+            done: false,
+            kill_on_drop: false,
+        };
+        Ok((receiver, stdin))
     }
 
     /// Starts one exec: waits for the helper's answer (started or a typed spawn error).
     pub(crate) async fn spawn(self: &Arc<Self>, raw: &RawExec) -> Result<(u32, RawProcess)> {
         let piped = !matches!(raw.stdin, Stdin::Null);
-        let (id, mut events, window) = self.open_id(piped)?;
+        let (mut events, window) = self.open_id(piped)?;
+        let id = events.id;
         let spawn = Spawn {
             argv: raw.argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
             env: raw
@@ -248,9 +327,29 @@ impl Session {
         };
         let mut frame = Enc::frame(proto::SPAWN, id);
         spawn.encode(&mut frame);
-        self.send(frame.finish());
+        let frame = frame.finish();
+        if frame.len() > proto::MAX_PAYLOAD {
+            // Not reached with validated specs (argv and env are capped at 1 MiB each).
+            return Err(Error::invalid_spec(
+                "argv",
+                "the command and its env are too large",
+            ));
+        }
+        self.send(frame);
         let status = Arc::new(Mutex::new(None));
-        match events.recv().await {
+        // Dropped before the answer: the helper kills what it may have started.
+        events.kill_on_drop = true;
+        let answer = match tokio::time::timeout(ANSWER_TIMEOUT, events.next()).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.stop.cancel();
+                return Err(lost(format!(
+                    "the helper did not answer a spawn within {ANSWER_TIMEOUT:?}; its connection is dropped"
+                )));
+            }
+        };
+        events.kill_on_drop = false;
+        match answer {
             Some(Event::Started) => {}
             Some(Event::SpawnFailed(kind, message)) => {
                 return spawn_failed(id, &raw.argv[0], kind, message);
@@ -260,7 +359,7 @@ impl Session {
             Some(other) => return Err(lost(format!("the helper answered a spawn with {other:?}"))),
         }
         let stdin = window.map(|window| self.stdin_sink(id, window));
-        let output = self.output_stream(id, events, status.clone());
+        let output = self.output_stream(events, status.clone());
         Ok((
             id,
             RawProcess {
@@ -274,24 +373,20 @@ impl Session {
     /// The exec's output, returning each chunk's bytes as credit once the pump took it.
     fn output_stream(
         self: &Arc<Self>,
-        id: u32,
-        events: mpsc::UnboundedReceiver<Event>,
+        events: Receiver,
         status: Arc<Mutex<Option<ExitStatus>>>,
     ) -> BoxStream<'static, io::Result<OutputChunk>> {
-        let frames = self.frames.clone();
         futures::stream::unfold(Some(events), move |events| {
-            let (frames, status) = (frames.clone(), status.clone());
+            let status = status.clone();
             async move {
                 let mut events = events?;
                 loop {
-                    match events.recv().await {
+                    match events.next().await {
                         Some(Event::Out(chunk)) => {
                             let n = match &chunk {
                                 OutputChunk::Stdout(b) | OutputChunk::Stderr(b) => b.len(),
                             };
-                            let mut credit = Enc::frame(proto::CREDIT, id);
-                            credit.u32(n as u32);
-                            let _ = frames.send(credit.finish());
+                            events.give_credit(n);
                             return Some((Ok(chunk), Some(events)));
                         }
                         Some(Event::Exit(s)) => {
@@ -367,8 +462,9 @@ impl Session {
         &self,
         kind: u8,
         path: &str,
-    ) -> Result<(u32, mpsc::UnboundedReceiver<Event>, Option<Arc<Semaphore>>)> {
-        let (id, events, window) = self.open_id(kind == proto::PUT)?;
+    ) -> Result<(u32, Receiver, Option<Arc<Semaphore>>)> {
+        let (events, window) = self.open_id(kind == proto::PUT)?;
+        let id = events.id;
         let mut frame = Enc::frame(kind, id);
         frame.bytes(path.as_bytes());
         self.send(frame.finish());
@@ -382,6 +478,11 @@ impl Session {
             .map_err(|_| lost("the helper connection closed"))
     }
 }
+
+/// How long the helper may take to answer a spawn or a file operation before its
+/// connection is taken for dead (it answers in milliseconds; only a silently dropped
+/// connection takes longer).
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A spawn the helper refused, as the plain path reports it: a missing or
 /// non-executable program is exit 127 / 126 with the reason on stderr; a missing working
@@ -476,6 +577,17 @@ fn dispatch(
     let bad = || format!("the helper sent a malformed frame (kind {kind})");
     let mut d = Dec::new(payload);
     let mut table = table.lock().unwrap();
+    if matches!(kind, proto::STDOUT | proto::STDERR | proto::ENTRY)
+        && let Some(slot) = table.slots.get(&id)
+        && slot
+            .credit
+            .fetch_sub(payload.len() as i64, Ordering::Relaxed)
+            < payload.len() as i64
+    {
+        return Err(format!(
+            "the helper sent more output for id {id} than it was granted"
+        ));
+    }
     let (event, last) = match kind {
         proto::STARTED => (Event::Started, false),
         proto::SPAWN_ERROR => {
@@ -502,7 +614,7 @@ fn dispatch(
             (Event::Exit(status), true)
         }
         proto::ENTRY => (
-            Event::Entry(Entry::decode(&mut d).map_err(|_| bad())?),
+            Event::Entry(Entry::decode(&mut d).map_err(|_| bad())?, payload.len()),
             false,
         ),
         proto::DONE => (Event::Done, true),
@@ -519,6 +631,8 @@ fn dispatch(
             }
             return Ok(());
         }
+        // Nothing sends pings today; an answer is harmless.
+        proto::PONG => return Ok(()),
         proto::KILLED => {
             for tx in table.kills.remove(&id).unwrap_or_default() {
                 let _ = tx.send(());
