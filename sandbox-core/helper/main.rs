@@ -10,11 +10,17 @@
 //! static binary. The few libc calls std lacks live in [`sys`], the only place with
 //! `unsafe`.
 //!
-//! Threads: the main thread reads frames and never blocks on one exec; one writer lock
-//! around stdout; a reaper waits for every child (`waitid` with `WNOWAIT`, then reaps under
-//! the registry lock, so std's own spawn-failure `waitpid` is never raced); a tracker
-//! re-reads `/proc` while execs run; per exec one output thread (credit-gated) and, when
+//! Threads: the main thread reads frames and never blocks on one exec nor on stdout; one
+//! writer thread owns stdout and writes what every other thread queues (batched, flushed
+//! when the queue is empty; the queue is bounded by the credits: output and `ENTRY` frames
+//! are queued only within an id's credit); a reaper waits for every child (`waitid` with
+//! `WNOWAIT`, then reaps under the registry lock, so std's own spawn-failure `waitpid` is
+//! never raced); a tracker re-reads `/proc` while execs run; per exec one output thread
+//! (credit-gated, or draining and dropping once the host discarded the exec) and, when
 //! stdin is piped, one stdin writer; a kill or a `GET` runs on its own thread.
+//!
+//! Lock order: registry, then an exec's state, then a flow, then the output queue (a
+//! leaf: nothing is locked while holding it).
 
 // Shared with core's client: not every item is used here, and its style is core's.
 #[allow(dead_code, clippy::type_complexity)]
@@ -38,10 +44,11 @@ use std::thread;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use proto::{
-    CHUNK, CREDIT, DIRECTORY, DONE, Dec, DecodeError, ENTRY, EXIT, EXITED, Enc, Entry, FILE_ERROR,
-    FileError, Fnv, GET, HELLO, Hello, INITIAL_CREDIT, KILL, KILL_GRACE_MS, KILLED, PING, PONG,
-    PROTOCOL_ERROR, PUT, REGULAR, SIGNALED, SPAWN, SPAWN_ERROR, STARTED, STDERR, STDIN, STDIN_ACK,
-    STDIN_EOF, STDIN_WINDOW, STDOUT, SYMLINK, Spawn, SpawnError, TRACK_INTERVAL_MS, VERSION,
+    CHUNK, CREDIT, DIRECTORY, DISCARD, DONE, Dec, DecodeError, ENTRY, EXIT, EXITED, Enc, Entry,
+    FILE_ERROR, FileError, Fnv, GET, HELLO, Hello, INITIAL_CREDIT, KILL, KILL_GRACE_MS, KILLED,
+    PING, PONG, PROTOCOL_ERROR, PUT, REGULAR, SIGNALED, SPAWN, SPAWN_ERROR, STARTED, STDERR, STDIN,
+    STDIN_ACK, STDIN_EOF, STDIN_WINDOW, STDOUT, SYMLINK, Spawn, SpawnError, TRACK_INTERVAL_MS,
+    VERSION,
 };
 
 /// Stack of every thread the helper starts (they neither recurse nor keep big locals).
@@ -56,6 +63,10 @@ const EXEC_ID_VAR: &[u8] = b"SANDBOX_EXEC_ID";
 const HEADER: usize = 9;
 /// Lifespans of forgotten execs kept to attribute orphans safely.
 const HISTORY: usize = 256;
+/// The writer's buffer: small frames are batched into one `write`.
+const WRITE_BUFFER: usize = 128 * 1024;
+/// How long an exiting helper lets the writer send what is queued (the host may not read).
+const FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
 
 // errno values (x86_64 / generic Linux).
 const EPERM: i32 = 1;
@@ -129,6 +140,7 @@ mod sys {
         rest: [u8; 100],
     }
 
+    const PR_SET_DUMPABLE: c_int = 4;
     const PR_SET_CHILD_SUBREAPER: c_int = 36;
     const P_ALL: c_int = 0;
     const WNOHANG: c_int = 1;
@@ -178,6 +190,14 @@ mod sys {
     pub fn set_child_subreaper() -> io::Result<()> {
         // SAFETY: PR_SET_CHILD_SUBREAPER takes plain integers and touches no memory of ours.
         check(unsafe { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+    }
+
+    /// Makes the helper non-dumpable: its `/proc/<pid>` files belong to root and processes
+    /// of its own uid cannot ptrace it or read its descriptors. Only the helper itself:
+    /// a child gets dumpable back when it executes a normal program.
+    pub fn set_not_dumpable() -> io::Result<()> {
+        // SAFETY: PR_SET_DUMPABLE takes plain integers and touches no memory of ours.
+        check(unsafe { prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
     }
 
     /// Blocks until some child has exited and returns its pid, leaving it a zombie.
@@ -299,8 +319,14 @@ fn start_thread(name: &str, f: impl FnOnce() + Send + 'static) -> bool {
 }
 
 fn main() {
-    let h: &'static Helper = match Helper::new() {
-        Ok(h) => Box::leak(Box::new(h)),
+    if let Err(e) = sys::set_not_dumpable() {
+        diag(format_args!("cannot make itself non-dumpable: {e}"));
+    }
+    if sys::ids().2 == 0 {
+        secure_own_files();
+    }
+    let (h, out): (&'static Helper, File) = match Helper::new() {
+        Ok((h, out)) => (Box::leak(Box::new(h)), out),
         Err(e) => {
             diag(format_args!("cannot start: {e}"));
             std::process::exit(1);
@@ -317,11 +343,16 @@ fn main() {
         digest,
     }
     .encode(&mut e);
-    h.send(&e.finish());
+    h.send(e.finish());
+    if !start_thread("writer", move || h.writer(out)) {
+        diag(format_args!("cannot start its writer thread"));
+        std::process::exit(1);
+    }
     if !start_thread("reaper", move || h.reaper()) || !start_thread("tracker", move || h.tracker())
     {
         diag(format_args!("cannot start its threads"));
         h.send_protocol_error("the helper cannot start its threads");
+        h.flush_at_exit();
         std::process::exit(1);
     }
     Conn {
@@ -329,6 +360,35 @@ fn main() {
         files: HashMap::new(),
     }
     .run()
+}
+
+/// As root: makes the helper's directory (normally `/.runcell`) and its executable
+/// `root:root` 0755, so that an unprivileged per-exec user cannot replace the program a
+/// later attach runs as root. Errors are ignored (a read-only file system is fine). A
+/// root-owned sticky directory (`/tmp`) is left as it is: it is shared, and its sticky bit
+/// already keeps others from replacing a root-owned file in it.
+fn secure_own_files() {
+    const O_DIRECTORY: i32 = 0o200000;
+    const O_NOFOLLOW: i32 = 0o400000;
+    const STICKY: u32 = 0o1000;
+    let mode = || Permissions::from_mode(0o755);
+    if let Ok(exe) = fs::read_link("/proc/self/exe")
+        && let Some(dir) = exe.parent()
+        && let Ok(d) = OpenOptions::new()
+            .read(true)
+            .custom_flags(O_DIRECTORY | O_NOFOLLOW)
+            .open(dir)
+        && let Ok(md) = d.metadata()
+        && !(md.uid() == 0 && md.mode() & STICKY != 0)
+    {
+        let _ = std::os::unix::fs::fchown(&d, Some(0), Some(0));
+        let _ = d.set_permissions(mode());
+    }
+    // The running executable itself (not whatever its path names by now).
+    if let Ok(f) = File::open("/proc/self/exe") {
+        let _ = std::os::unix::fs::fchown(&f, Some(0), Some(0));
+        let _ = f.set_permissions(mode());
+    }
 }
 
 /// Size and FNV-1a digest of the helper's own executable.
@@ -352,11 +412,23 @@ fn self_digest() -> (u64, u64) {
     (size, fnv.0)
 }
 
+/// Frames waiting for the writer thread.
+#[derive(Default)]
+struct OutQueue {
+    frames: VecDeque<Vec<u8>>,
+    /// The writer wrote and flushed everything and waits for more.
+    idle: bool,
+}
+
 /// Everything the threads share.
 struct Helper {
-    /// The frame stream (a duplicate of fd 1).
-    out: Mutex<File>,
-    /// Set once writing a frame failed: the host is gone.
+    /// Frames for the writer thread, which owns the frame stream (a duplicate of fd 1).
+    out: Mutex<OutQueue>,
+    /// Signalled when a frame is queued (the writer waits on it).
+    out_cv: Condvar,
+    /// Signalled when the writer becomes idle or the stream breaks.
+    idle_cv: Condvar,
+    /// Set once writing a frame failed: the host is gone (frames are dropped from then).
     out_broken: AtomicBool,
     /// Set by the first thread that shuts the helper down.
     stopping: AtomicBool,
@@ -481,19 +553,30 @@ impl Exec {
     }
 }
 
-/// Output credit of an exec or a `GET`.
+/// Output credit of an exec or a `GET`, and whether the host still reads it.
 struct Flow {
-    credit: Mutex<u64>,
+    st: Mutex<FlowState>,
     cv: Condvar,
     /// A `GET` is over.
     finished: AtomicBool,
+}
+
+/// The mutable part of a [`Flow`].
+struct FlowState {
+    /// Payload bytes (`STDOUT`, `STDERR`, `ENTRY`) the helper may still send.
+    credit: u64,
+    /// `DISCARD` (or `KILL`): nothing more is sent under this flow.
+    discarded: bool,
 }
 
 impl Flow {
     /// [`INITIAL_CREDIT`] to start with.
     fn new() -> Flow {
         Flow {
-            credit: Mutex::new(u64::from(INITIAL_CREDIT)),
+            st: Mutex::new(FlowState {
+                credit: u64::from(INITIAL_CREDIT),
+                discarded: false,
+            }),
             cv: Condvar::new(),
             finished: AtomicBool::new(false),
         }
@@ -501,24 +584,41 @@ impl Flow {
 
     /// A `CREDIT` from the host.
     fn grant(&self, n: u32) {
-        let mut c = lock(&self.credit);
-        *c = c.saturating_add(u64::from(n));
+        let mut st = lock(&self.st);
+        st.credit = st.credit.saturating_add(u64::from(n));
         self.cv.notify_all();
     }
 
-    /// Blocks until some credit is left; returns it.
-    fn available(&self) -> u64 {
-        let mut c = lock(&self.credit);
-        while *c == 0 {
-            c = wait(&self.cv, c);
-        }
-        *c
+    /// `DISCARD`: wakes whoever waits for credit; nothing is sent under the flow any more.
+    fn discard(&self) {
+        lock(&self.st).discarded = true;
+        self.cv.notify_all();
     }
 
-    /// `n` output bytes were sent.
-    fn consume(&self, n: usize) {
-        let mut c = lock(&self.credit);
-        *c = c.saturating_sub(n as u64);
+    /// Blocks until at least `n` bytes of credit are left: the credit, or `None` once the
+    /// flow is discarded.
+    fn wait_credit(&self, n: u64) -> Option<u64> {
+        let mut st = lock(&self.st);
+        while !st.discarded && st.credit < n {
+            st = wait(&self.cv, st);
+        }
+        (!st.discarded).then_some(st.credit)
+    }
+
+    /// Queues `frame` once `cost` bytes of credit are left and takes them; false (and
+    /// nothing queued) once the flow is discarded. Checked and queued under the flow's
+    /// lock: after [`Flow::discard`] returns, no frame of the flow is queued any more.
+    fn send(&self, h: &Helper, frame: Vec<u8>, cost: u64) -> bool {
+        let mut st = lock(&self.st);
+        while !st.discarded && st.credit < cost {
+            st = wait(&self.cv, st);
+        }
+        if st.discarded {
+            return false;
+        }
+        st.credit -= cost;
+        h.send(frame);
+        true
     }
 }
 
@@ -611,8 +711,9 @@ fn environ_matches(pid: i32, needles: &[Vec<u8>]) -> bool {
 }
 
 impl Helper {
-    /// Records what every spawn starts from: ids, working directory, environment.
-    fn new() -> io::Result<Helper> {
+    /// Records what every spawn starts from: ids, working directory, environment. Also
+    /// returns the frame stream, for the writer thread.
+    fn new() -> io::Result<(Helper, File)> {
         if let Err(e) = sys::set_child_subreaper() {
             diag(format_args!("cannot become a child subreaper: {e}"));
         }
@@ -624,8 +725,10 @@ impl Helper {
         let base_env = env::vars_os()
             .filter(|(k, _)| k.as_bytes() != EXEC_ID_VAR)
             .collect();
-        Ok(Helper {
-            out: Mutex::new(out),
+        let h = Helper {
+            out: Mutex::new(OutQueue::default()),
+            out_cv: Condvar::new(),
+            idle_cv: Condvar::new(),
             out_broken: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             pid: std::process::id() as i32,
@@ -640,66 +743,117 @@ impl Helper {
             reg: Mutex::new(Registry::default()),
             reg_cv: Condvar::new(),
             tmp_counter: AtomicU64::new(0),
-        })
+        };
+        Ok((h, out))
     }
 
     // ---- frames out -------------------------------------------------------------------
 
-    /// Writes one whole frame (one `write` for all but huge frames: nothing sits in a
-    /// buffer). A failed write means the host is gone: shut down.
-    fn send(&'static self, frame: &[u8]) {
+    /// Queues one whole frame for the writer thread; never blocks on stdout. Dropped once
+    /// the stream broke.
+    fn send(&self, frame: Vec<u8>) {
         if self.out_broken.load(Ordering::Relaxed) {
             return;
         }
-        let failed = lock(&self.out).write_all(frame).is_err();
-        if failed && !self.out_broken.swap(true, Ordering::SeqCst) {
-            let h = self;
-            start_thread("shutdown", move || h.shutdown(0));
+        lock(&self.out).frames.push_back(frame);
+        self.out_cv.notify_one();
+    }
+
+    /// The writer thread: writes queued frames in batches, flushing whenever the queue is
+    /// empty. A failed write means the host is gone: shut down.
+    fn writer(&'static self, out: File) {
+        let mut w = io::BufWriter::with_capacity(WRITE_BUFFER, out);
+        let mut batch: VecDeque<Vec<u8>> = VecDeque::new();
+        loop {
+            let mut q = lock(&self.out);
+            if q.frames.is_empty() {
+                drop(q);
+                if w.flush().is_err() {
+                    self.stream_broken();
+                }
+                q = lock(&self.out);
+                if q.frames.is_empty() {
+                    q.idle = true;
+                    self.idle_cv.notify_all();
+                    while q.frames.is_empty() {
+                        q = wait(&self.out_cv, q);
+                    }
+                    q.idle = false;
+                }
+            }
+            std::mem::swap(&mut q.frames, &mut batch);
+            drop(q);
+            for f in batch.drain(..) {
+                if w.write_all(&f).is_err() {
+                    self.stream_broken();
+                }
+            }
+        }
+    }
+
+    /// Writing to stdout failed: drop what is queued and shut down (on the writer thread).
+    fn stream_broken(&'static self) -> ! {
+        self.out_broken.store(true, Ordering::SeqCst);
+        lock(&self.out).frames.clear();
+        self.idle_cv.notify_all();
+        self.shutdown(0)
+    }
+
+    /// Lets the writer send what is queued, for at most [`FLUSH_AT_EXIT`].
+    fn flush_at_exit(&self) {
+        let deadline = Instant::now() + FLUSH_AT_EXIT;
+        let mut q = lock(&self.out);
+        loop {
+            let flushed = q.idle && q.frames.is_empty();
+            if flushed || self.out_broken.load(Ordering::SeqCst) {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            q = self
+                .idle_cv
+                .wait_timeout(q, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
     /// A frame without payload.
-    fn send_empty(&'static self, kind: u8, id: u32) {
-        self.send(&Enc::frame(kind, id).finish());
+    fn send_empty(&self, kind: u8, id: u32) {
+        self.send(Enc::frame(kind, id).finish());
     }
 
     /// A frame whose payload is one u32.
-    fn send_u32(&'static self, kind: u8, id: u32, v: u32) {
+    fn send_u32(&self, kind: u8, id: u32, v: u32) {
         let mut e = Enc::frame(kind, id);
         e.u32(v);
-        self.send(&e.finish());
-    }
-
-    /// Sends `buf[HEADER..HEADER + len]` as a data frame, writing the header in place.
-    fn send_data(&'static self, buf: &mut [u8], kind: u8, id: u32, len: usize) {
-        buf[..4].copy_from_slice(&((len + 5) as u32).to_le_bytes());
-        buf[4] = kind;
-        buf[5..HEADER].copy_from_slice(&id.to_le_bytes());
-        self.send(&buf[..HEADER + len]);
+        self.send(e.finish());
     }
 
     /// `SPAWN_ERROR`.
-    fn send_spawn_error(&'static self, id: u32, kind: SpawnError, msg: &str) {
+    fn send_spawn_error(&self, id: u32, kind: SpawnError, msg: &str) {
         let mut e = Enc::frame(SPAWN_ERROR, id);
         e.u8(kind as u8).bytes(msg.as_bytes());
-        self.send(&e.finish());
+        self.send(e.finish());
     }
 
     /// `FILE_ERROR`.
-    fn send_file_error(&'static self, id: u32, kind: FileError, path: &[u8], msg: &str) {
-        let mut e = Enc::frame(FILE_ERROR, id);
-        e.u8(kind as u8).bytes(path).bytes(msg.as_bytes());
-        self.send(&e.finish());
+    fn send_file_error(&self, id: u32, kind: FileError, path: &[u8], msg: &str) {
+        self.send(file_error_frame(id, kind, path, msg));
     }
 
     /// `PROTOCOL_ERROR` (id 0: the connection).
-    fn send_protocol_error(&'static self, msg: &str) {
+    fn send_protocol_error(&self, msg: &str) {
         let mut e = Enc::frame(PROTOCOL_ERROR, 0);
         e.bytes(msg.as_bytes());
-        self.send(&e.finish());
+        self.send(e.finish());
     }
 
-    /// Kills every tree (SIGKILL at once) and exits.
+    /// Kills the tree of every exec whose `EXIT` was not sent (SIGKILL at once), lets the
+    /// writer send what is queued, and exits. Background processes of execs that already
+    /// ended are left alone.
     fn shutdown(&'static self, code: i32) -> ! {
         if self.stopping.swap(true, Ordering::SeqCst) {
             // Another thread is already shutting down and will exit the process.
@@ -707,7 +861,8 @@ impl Helper {
                 thread::park();
             }
         }
-        self.kill_everything();
+        self.kill_live_execs();
+        self.flush_at_exit();
         std::process::exit(code)
     }
 
@@ -748,6 +903,9 @@ impl Helper {
             // The registry stays locked from the spawn to the root's registration, so the
             // reaper cannot reap the root (or a child std waits for itself) before.
             let mut r = lock(&self.reg);
+            if self.stopping.load(Ordering::SeqCst) {
+                return Err((SpawnError::Other, "the helper is exiting".into()));
+            }
             let child = cmd.spawn().map_err(|e| {
                 (
                     spawn_error_kind(&e, switching),
@@ -914,7 +1072,8 @@ impl Helper {
 
     // ---- exec threads ------------------------------------------------------------------
 
-    /// Reads the exec's stdout and stderr under the credit rule, then sends `EXIT`.
+    /// Reads the exec's stdout and stderr under the credit rule (once the host discarded
+    /// the exec: without credit, dropping the data), then sends `EXIT`.
     fn output_thread(&'static self, ex: &Exec, mut pipes: [Option<File>; 2], wake: io::PipeReader) {
         const KINDS: [u8; 2] = [STDOUT, STDERR];
         if !ex.wait_started() {
@@ -987,14 +1146,20 @@ impl Helper {
                 let i = slots[k];
                 if fd.revents & sys::POLLIN != 0 {
                     progress = true;
-                    let credit = ex.flow.available();
-                    let want = (CHUNK as u64).min(credit).min(budget[i] as u64) as usize;
+                    // None: discarded, the data is read and dropped.
+                    let credit = ex.flow.wait_credit(1);
+                    let want = (CHUNK as u64)
+                        .min(credit.unwrap_or(u64::MAX))
+                        .min(budget[i] as u64) as usize;
                     let Some(f) = pipes[i].as_mut() else { continue };
                     match f.read(&mut buf[HEADER..HEADER + want]) {
                         Ok(0) => pipes[i] = None,
                         Ok(m) => {
-                            self.send_data(&mut buf, KINDS[i], ex.id, m);
-                            ex.flow.consume(m);
+                            if credit.is_some() {
+                                let frame = data_frame(&mut buf, KINDS[i], ex.id, m);
+                                // Within the credit: never waits (only this thread takes).
+                                ex.flow.send(self, frame, m as u64);
+                            }
                             if reaped {
                                 budget[i] = budget[i].saturating_sub(m);
                             }
@@ -1029,7 +1194,7 @@ impl Helper {
         let mut e = Enc::frame(EXIT, ex.id);
         e.u8(kind).u32(value as u32);
         st.done = true;
-        self.send(&e.finish());
+        self.send(e.finish());
         drop(st);
         ex.cv.notify_all();
         self.exec_finished(ex.id);
@@ -1368,29 +1533,46 @@ impl Helper {
         self.send_empty(KILLED, id);
     }
 
-    /// SIGKILLs every tree the helper started (stdin ended or the protocol broke).
-    fn kill_everything(&self) {
+    /// SIGKILLs the tree of every exec whose `EXIT` was not sent (stdin ended, the stream
+    /// or the protocol broke): the same collection as a `KILL`. Called with `stopping`
+    /// set, so no exec starts any more.
+    fn kill_live_execs(&self) {
+        let (ids, markers): (Vec<u32>, Vec<Vec<u8>>) = {
+            let r = lock(&self.reg);
+            r.execs
+                .iter()
+                .filter(|(_, t)| !t.exec.is_done())
+                .map(|(&id, t)| (id, t.exec.marker.clone()))
+                .unzip()
+        };
+        if ids.is_empty() {
+            return;
+        }
+        let mut set: HashMap<i32, u64> = HashMap::new();
         for round in 0..10 {
             let procs = scan();
-            let (mut seeds, markers) = {
+            let seeds = {
                 let mut r = lock(&self.reg);
                 if round == 0 {
-                    for &root in r.roots.keys() {
-                        sys::signal(-root, sys::SIGKILL);
-                        sys::signal(root, sys::SIGKILL);
+                    // Still unreaped (the registry is locked): the pids are ours.
+                    for t in ids.iter().filter_map(|id| r.execs.get(id)) {
+                        if r.roots.contains_key(&t.exec.root) {
+                            sys::signal(-t.exec.root, sys::SIGKILL);
+                            sys::signal(t.exec.root, sys::SIGKILL);
+                        }
                     }
                 }
                 self.update_tracking(&mut r, &procs);
-                let mut seeds: HashSet<i32> = r.roots.keys().copied().collect();
-                for t in r.execs.values() {
+                let mut seeds: HashSet<i32> = HashSet::new();
+                for t in ids.iter().filter_map(|id| r.execs.get(id)) {
                     seeds.extend(t.pids.keys().copied());
+                    if r.roots.contains_key(&t.exec.root) {
+                        seeds.insert(t.exec.root);
+                    }
                 }
-                let markers: Vec<Vec<u8>> =
-                    r.execs.values().map(|t| t.exec.marker.clone()).collect();
-                (seeds, markers)
+                seeds
             };
-            seeds.extend(procs.iter().filter(|p| p.ppid == self.pid).map(|p| p.pid));
-            let set = self.collect(&procs, &seeds, &markers);
+            set.extend(self.collect(&procs, &seeds, &markers));
             if self.signal_set(&set, sys::SIGKILL) == 0 {
                 break;
             }
@@ -1400,15 +1582,11 @@ impl Helper {
 
     // ---- GET ---------------------------------------------------------------------------
 
-    /// Streams a path (and, for a directory, everything below it) to the host.
-    fn get_tree(
-        &'static self,
-        id: u32,
-        path: &[u8],
-        flow: &Flow,
-    ) -> Result<(), (FileError, Vec<u8>, String)> {
+    /// Streams a path (and, for a directory, everything below it) to the host, `ENTRY`
+    /// and `STDOUT` payloads under the flow's credit.
+    fn get_tree(&self, id: u32, path: &[u8], flow: &Flow) -> Result<(), GetEnd> {
         let root = PathBuf::from(OsStr::from_bytes(path));
-        let invalid = |m: &str| (FileError::Invalid, Vec::new(), m.to_string());
+        let invalid = |m: &str| GetEnd::Failed(FileError::Invalid, Vec::new(), m.to_string());
         if !root.is_absolute() {
             return Err(invalid("the path must be absolute"));
         }
@@ -1419,7 +1597,14 @@ impl Helper {
         let mut stack = vec![(root.clone(), base.as_bytes().to_vec())];
         let mut first = true;
         while let Some((abs, rel)) = stack.pop() {
-            let io_err = |e: &io::Error| (file_error_kind(e), rel.clone(), e.to_string());
+            let io_err = |e: &io::Error| {
+                let kind = match e.raw_os_error() {
+                    // Under a non-directory (`/etc/passwd/x`): there is no such path.
+                    Some(ENOTDIR) => FileError::NotFound,
+                    _ => file_error_kind(e),
+                };
+                GetEnd::Failed(kind, rel.clone(), e.to_string())
+            };
             let md = match fs::symlink_metadata(&abs) {
                 Ok(m) => m,
                 // Vanished while we walked: skip it (the path asked for must exist).
@@ -1433,7 +1618,12 @@ impl Helper {
                     .map_err(|e| io_err(&e))?
                     .filter_map(|e| e.ok().map(|e| e.file_name()))
                     .collect();
-                self.send_entry(id, &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()));
+                send_entry(
+                    self,
+                    flow,
+                    id,
+                    &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()),
+                )?;
                 names.sort();
                 for name in names.into_iter().rev() {
                     let mut r = rel.clone();
@@ -1444,7 +1634,7 @@ impl Helper {
             } else if ft.is_symlink() {
                 let link = fs::read_link(&abs).map_err(|e| io_err(&e))?;
                 let link = link.into_os_string().into_vec();
-                self.send_entry(id, &entry_of(&rel, SYMLINK, &md, 0, link));
+                send_entry(self, flow, id, &entry_of(&rel, SYMLINK, &md, 0, link))?;
             } else if ft.is_file() {
                 const O_NOFOLLOW: i32 = 0o400000;
                 const O_NONBLOCK: i32 = 0o4000;
@@ -1458,11 +1648,17 @@ impl Helper {
                     continue;
                 }
                 let size = md.len();
-                self.send_entry(id, &entry_of(&rel, REGULAR, &md, size, Vec::new()));
+                send_entry(
+                    self,
+                    flow,
+                    id,
+                    &entry_of(&rel, REGULAR, &md, size, Vec::new()),
+                )?;
                 let mut left = size;
                 let mut eof = false;
                 while left > 0 {
-                    let want = (CHUNK as u64).min(left).min(flow.available()) as usize;
+                    let credit = flow.wait_credit(1).ok_or(GetEnd::Discarded)?;
+                    let want = (CHUNK as u64).min(left).min(credit) as usize;
                     let mut got = 0;
                     while !eof && got < want {
                         match f.read(&mut buf[HEADER + got..HEADER + want]) {
@@ -1476,21 +1672,16 @@ impl Helper {
                         // The file shrank: pad with zeros to the announced size.
                         buf[HEADER + got..HEADER + want].fill(0);
                     }
-                    self.send_data(&mut buf, STDOUT, id, want);
-                    flow.consume(want);
+                    let frame = data_frame(&mut buf, STDOUT, id, want);
+                    if !flow.send(self, frame, want as u64) {
+                        return Err(GetEnd::Discarded);
+                    }
                     left -= want as u64;
                 }
             }
             // Other types (fifo, socket, device) have no entry type: skipped.
         }
         Ok(())
-    }
-
-    /// An `ENTRY` frame.
-    fn send_entry(&'static self, id: u32, e: &Entry) {
-        let mut enc = Enc::frame(ENTRY, id);
-        e.encode(&mut enc);
-        self.send(&enc.finish());
     }
 
     /// A temporary name next to `dest`.
@@ -1502,6 +1693,42 @@ impl Helper {
             None => PathBuf::from(name),
         }
     }
+}
+
+/// How a `GET` ended early.
+enum GetEnd {
+    /// `FILE_ERROR`: kind, relative path, message.
+    Failed(FileError, Vec<u8>, String),
+    /// `DISCARD`: no frame at all.
+    Discarded,
+}
+
+/// Queues a `GET`'s `ENTRY` once the credit covers its payload.
+fn send_entry(h: &Helper, flow: &Flow, id: u32, e: &Entry) -> Result<(), GetEnd> {
+    let mut enc = Enc::frame(ENTRY, id);
+    e.encode(&mut enc);
+    let frame = enc.finish();
+    let cost = (frame.len() - HEADER) as u64;
+    if flow.send(h, frame, cost) {
+        Ok(())
+    } else {
+        Err(GetEnd::Discarded)
+    }
+}
+
+/// `buf[HEADER..HEADER + len]` as a data frame of `kind` (the header is written in place).
+fn data_frame(buf: &mut [u8], kind: u8, id: u32, len: usize) -> Vec<u8> {
+    buf[..4].copy_from_slice(&((len + 5) as u32).to_le_bytes());
+    buf[4] = kind;
+    buf[5..HEADER].copy_from_slice(&id.to_le_bytes());
+    buf[..HEADER + len].to_vec()
+}
+
+/// A `FILE_ERROR` frame.
+fn file_error_frame(id: u32, kind: FileError, path: &[u8], msg: &str) -> Vec<u8> {
+    let mut e = Enc::frame(FILE_ERROR, id);
+    e.u8(kind as u8).bytes(path).bytes(msg.as_bytes());
+    e.finish()
 }
 
 /// The resolved parts of a `SPAWN`.
@@ -1952,7 +2179,8 @@ struct Conn {
 }
 
 impl Conn {
-    /// Reads frames until stdin ends (then every tree is killed and the helper exits).
+    /// Reads frames until stdin ends or breaks (then the trees of the execs still running
+    /// are killed and the helper exits).
     fn run(mut self) -> ! {
         let h = self.h;
         let mut input = match io::stdin().as_fd().try_clone_to_owned() {
@@ -1989,7 +2217,7 @@ impl Conn {
         }
     }
 
-    /// `PROTOCOL_ERROR`, kill every tree, exit 2.
+    /// `PROTOCOL_ERROR`, kill the trees of the execs still running, exit 2.
     fn protocol_error(&self, msg: &str) -> ! {
         diag(format_args!("protocol error: {msg}"));
         self.h.send_protocol_error(msg);
@@ -2018,6 +2246,7 @@ impl Conn {
                     }
                 }
             }
+            DISCARD => self.discard(id),
             KILL => self.kill(id),
             PING => self.h.send_empty(PONG, id),
             PUT => {
@@ -2119,9 +2348,23 @@ impl Conn {
         }
     }
 
-    /// `KILL`, on a thread of its own.
+    /// `DISCARD`: an exec stops sending output (its pipes are drained, its `EXIT` still
+    /// follows); a `GET` is abandoned without another frame. Unknown ids are ignored.
+    fn discard(&mut self, id: u32) {
+        if let Some(FileOp::Get(flow)) = self.files.get(&id) {
+            flow.discard();
+            self.files.remove(&id);
+            return;
+        }
+        if let Some(ex) = self.h.exec(id) {
+            ex.flow.discard();
+        }
+    }
+
+    /// `KILL` (which implies `DISCARD`), on a thread of its own.
     fn kill(&mut self, id: u32) {
         let h = self.h;
+        self.discard(id);
         if h.exec(id).is_none() {
             h.send_empty(KILLED, id);
             return;
@@ -2193,9 +2436,15 @@ impl Conn {
         self.files.insert(id, FileOp::Get(flow.clone()));
         let f = flow.clone();
         let started = start_thread("get", move || {
+            // The last frame, unless discarded meanwhile (it costs no credit).
             match h.get_tree(id, &path, &f) {
-                Ok(()) => h.send_empty(DONE, id),
-                Err((kind, rel, msg)) => h.send_file_error(id, kind, &rel, &msg),
+                Ok(()) => {
+                    f.send(h, Enc::frame(DONE, id).finish(), 0);
+                }
+                Err(GetEnd::Failed(kind, rel, msg)) => {
+                    f.send(h, file_error_frame(id, kind, &rel, &msg), 0);
+                }
+                Err(GetEnd::Discarded) => {}
             }
             f.finished.store(true, Ordering::Release);
         });

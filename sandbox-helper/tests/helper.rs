@@ -1031,6 +1031,10 @@ fn get_of_a_missing_path() {
     let mut h = Helper::start();
     h.send_path(GET, 1, &dir.path().join("missing"));
     assert_eq!(file_error(&h.recv()).0, FileError::NotFound);
+    // Under a non-directory (ENOTDIR): not found either.
+    fs::write(dir.path().join("file"), "").unwrap();
+    h.send_path(GET, 2, &dir.path().join("file").join("x"));
+    assert_eq!(file_error(&h.recv()).0, FileError::NotFound);
 }
 
 #[test]
@@ -1040,7 +1044,8 @@ fn a_pids_limit_gives_typed_resource_errors() {
         return;
     }
     // RLIMIT_NPROC counts the tasks of a uid (a uid of its own per helper). The helper has
-    // 3 threads; an exec takes a process and an output thread.
+    // 4 threads (main, writer, reaper, tracker); an exec takes a process and an output
+    // thread.
     let start_limited = |uid: u32, nproc: u32| {
         Helper::start_with(|c| {
             use std::os::unix::process::CommandExt;
@@ -1055,8 +1060,8 @@ fn a_pids_limit_gives_typed_resource_errors() {
     };
     let uid = 54000 + (std::process::id() % 1000) * 2;
 
-    // 4 tasks: the root starts, its output thread cannot; the root is killed again.
-    let mut h = start_limited(uid, 4);
+    // 5 tasks: the root starts, its output thread cannot; the root is killed again.
+    let mut h = start_limited(uid, 5);
     for id in 1..4 {
         let (kind, msg) = h.spawn(id, &spawn_of(&["sleep", "1000"])).unwrap_err();
         assert_eq!(kind, SpawnError::Resources, "{msg}");
@@ -1065,8 +1070,8 @@ fn a_pids_limit_gives_typed_resource_errors() {
     assert_eq!(h.recv().kind, PONG);
     drop(h);
 
-    // 5 tasks: one exec fits, a second process does not.
-    let mut h = start_limited(uid + 1, 5);
+    // 6 tasks: one exec fits, a second process does not.
+    let mut h = start_limited(uid + 1, 6);
     let root = h.spawn(1, &spawn_of(&["sleep", "1000"])).unwrap();
     let start = assert_alive(root);
     let (kind, msg) = h.spawn(2, &spawn_of(&["true"])).unwrap_err();
@@ -1106,6 +1111,30 @@ fn helper_not_running_as_root() {
         c.uid(65534).gid(65534).current_dir(&d);
     });
     assert_eq!((h.hello.uid, h.hello.gid), (65534, 65534));
+    // It reads its own executable although it is not dumpable.
+    assert_eq!((h.hello.size, h.hello.digest), fnv_of_file(BIN));
+    // Not dumpable: its /proc files belong to root, so processes of its own uid cannot
+    // read its descriptors or ptrace it.
+    // (`/proc/<pid>` itself, world-readable, keeps showing its effective uid.)
+    for f in ["fd", "environ", "mem"] {
+        let m = fs::metadata(format!("/proc/{}/{f}", h.hello.pid)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (0, 0), "/proc/<helper>/{f}");
+    }
+
+    // Reading /proc (of its children) still works: a KILL takes the whole tree.
+    let root = h.spawn(10, &sh("sleep 1000 & echo $!; wait")).unwrap();
+    let pid: u32 = h.read_lines(10, 1)[0].parse().unwrap();
+    let (root_start, start) = (assert_alive(root), assert_alive(pid));
+    h.send_empty(KILL, 10);
+    let (mut killed, mut exited) = (false, false);
+    while !killed || !exited {
+        let f = h.recv();
+        assert_eq!(f.id, 10, "{f:?}");
+        killed |= f.kind == KILLED;
+        exited |= f.kind == EXIT;
+    }
+    assert_gone(root, root_start);
+    assert_gone(pid, start);
 
     // Switching user needs root; its own user is fine.
     let mut sp = spawn_of(&["id", "-u"]);
@@ -1147,4 +1176,338 @@ fn helper_not_running_as_root() {
     let mut sp = spawn_of(&["true"]);
     sp.working_dir = Some(closed.as_os_str().as_encoded_bytes().to_vec());
     assert_eq!(h.spawn(5, &sp).unwrap_err().0, SpawnError::WorkingDirDenied);
+}
+
+/// The helper's threads (its `/proc/<pid>/task` entries).
+fn threads(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
+}
+
+/// The helper's thread count once it answered a PING: all its permanent threads run.
+fn idle_threads(h: &mut Helper) -> usize {
+    h.send_empty(PING, 0xfff0);
+    let f = h.recv();
+    assert_eq!((f.kind, f.id), (PONG, 0xfff0));
+    threads(h.hello.pid)
+}
+
+/// Waits until the helper is back to `idle` threads.
+fn assert_threads_back_to(h: &Helper, idle: usize) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let n = threads(h.hello.pid);
+        if n == idle {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{n} threads, {idle} when idle");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads STDOUT of `id`, granting nothing, until the initial credit is used up; then
+/// nothing more comes.
+fn drain_initial_credit(h: &mut Helper, id: u32) {
+    let mut got = 0usize;
+    while got < INITIAL_CREDIT as usize {
+        let f = h.recv();
+        assert_eq!((f.kind, f.id), (STDOUT, id), "{f:?}");
+        got += f.payload.len();
+    }
+    assert_eq!(got, INITIAL_CREDIT as usize);
+    if let Some(f) = h.try_recv(Duration::from_millis(300)) {
+        panic!("a frame beyond the credit: {f:?}");
+    }
+}
+
+#[test]
+fn discard_of_a_running_exec_drains_it_and_still_exits() {
+    let mut h = Helper::start();
+    let idle = idle_threads(&mut h);
+    h.spawn(1, &sh("yes | head -c 64000000")).unwrap();
+    // The host stops reading: no credit, then DISCARD.
+    drain_initial_credit(&mut h, 1);
+    h.send_empty(DISCARD, 1);
+    // The output is drained and dropped, so `head` ends and EXIT arrives (nothing else).
+    let f = h.recv();
+    assert_eq!((f.kind, f.id), (EXIT, 1), "{f:?}");
+    let mut d = Dec::new(&f.payload);
+    assert_eq!((d.u8().unwrap(), d.i32().unwrap()), (EXITED, 0));
+    // Its output thread is gone.
+    assert_threads_back_to(&h, idle);
+    // A DISCARD of an unknown id is ignored; credit for a discarded id too.
+    h.send_empty(DISCARD, 77);
+    h.send_u32(CREDIT, 1, 1 << 20);
+    h.send_empty(PING, 2);
+    let f = h.recv();
+    assert_eq!((f.kind, f.id), (PONG, 2), "{f:?}");
+    assert_eq!(h.run(3, &sh("echo ok")).text(), "ok\n");
+}
+
+#[test]
+fn kill_without_credit_ends_the_exec() {
+    let mut h = Helper::start();
+    let idle = idle_threads(&mut h);
+    let root = h.spawn(1, &spawn_of(&["yes"])).unwrap();
+    let start = assert_alive(root);
+    drain_initial_credit(&mut h, 1);
+    // Timed out: KILL, still without granting anything.
+    h.send_empty(KILL, 1);
+    let (mut killed, mut exit) = (false, None);
+    while !killed || exit.is_none() {
+        let f = h.recv();
+        assert_eq!(f.id, 1, "{f:?}");
+        match f.kind {
+            KILLED => killed = true,
+            EXIT => exit = Some(Dec::new(&f.payload).u8().unwrap()),
+            k => panic!("unexpected frame kind {k} (no credit was granted)"),
+        }
+    }
+    assert_eq!(exit, Some(SIGNALED));
+    assert_gone(root, start);
+    assert_threads_back_to(&h, idle);
+}
+
+#[test]
+fn discard_abandons_a_get() {
+    let dir = TempDir::new();
+    let path = dir.path().join("big");
+    fs::write(&path, noise(8 * INITIAL_CREDIT as usize)).unwrap();
+    let mut h = Helper::start();
+    let idle = idle_threads(&mut h);
+    h.send_path(GET, 1, &path);
+    // ENTRY and STDOUT up to the initial credit.
+    let mut got = 0usize;
+    while got < INITIAL_CREDIT as usize {
+        let f = h.recv();
+        assert_eq!(f.id, 1, "{f:?}");
+        assert!(matches!(f.kind, ENTRY | STDOUT), "{f:?}");
+        got += f.payload.len();
+    }
+    assert_eq!(got, INITIAL_CREDIT as usize);
+    h.send_empty(DISCARD, 1);
+    h.send_u32(CREDIT, 1, 1 << 20);
+    h.send_empty(PING, 2);
+    let f = h.recv();
+    assert_eq!(
+        (f.kind, f.id),
+        (PONG, 2),
+        "no frame of a discarded GET: {f:?}"
+    );
+    if let Some(f) = h.try_recv(Duration::from_millis(300)) {
+        panic!("a frame after DISCARD: {f:?}");
+    }
+    // Its thread is gone and the file is closed.
+    assert_threads_back_to(&h, idle);
+    let open = fs::read_dir(format!("/proc/{}/fd", h.hello.pid))
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.unwrap().path()).ok())
+        .any(|target| target == path);
+    assert!(!open, "the helper still has the file open");
+    h.send_empty(PING, 3);
+    assert_eq!(h.recv().kind, PONG);
+}
+
+#[test]
+fn get_entries_count_against_the_credit() {
+    let dir = TempDir::new();
+    let tree = dir.path().join("many");
+    fs::create_dir(&tree).unwrap();
+    let count = 6000;
+    for i in 0..count {
+        fs::write(tree.join(format!("{i:06}-{}", "n".repeat(200))), "").unwrap();
+    }
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &tree);
+    // Entries up to the initial credit (the next one, a few hundred bytes, does not fit),
+    // then nothing.
+    let mut got = 0usize;
+    let mut entries = 0;
+    loop {
+        let f = if got <= INITIAL_CREDIT as usize - 1024 {
+            h.recv()
+        } else {
+            match h.try_recv(Duration::from_millis(500)) {
+                Some(f) => f,
+                None => break,
+            }
+        };
+        assert_eq!((f.kind, f.id), (ENTRY, 1), "{f:?}");
+        got += f.payload.len();
+        entries += 1;
+        assert!(got <= INITIAL_CREDIT as usize, "{got} bytes without credit");
+    }
+    assert!(entries < count, "all entries without credit");
+    // With credit, the rest.
+    h.send_u32(CREDIT, 1, got as u32);
+    loop {
+        let f = h.recv();
+        assert_eq!(f.id, 1, "{f:?}");
+        match f.kind {
+            ENTRY => {
+                entries += 1;
+                h.send_u32(CREDIT, 1, f.payload.len() as u32);
+            }
+            DONE => break,
+            k => panic!("unexpected frame kind {k}"),
+        }
+    }
+    assert_eq!(entries, count + 1);
+}
+
+/// SIGKILLs a process on drop (one the helper left running on purpose).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", &self.0.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+#[test]
+fn end_of_stdin_spares_background_processes_of_ended_execs() {
+    let mut h = Helper::start();
+    // Ended (EXIT sent), its background process lives on: like after a plain exec.
+    let o = h.run(1, &sh("sleep 1234 >/dev/null 2>&1 & echo $!"));
+    assert_eq!(o.exit, (EXITED, 0));
+    let bg: u32 = o.text().trim().parse().unwrap();
+    let _guard = KillOnDrop(bg);
+    let bg_start = assert_alive(bg);
+    // In flight: its whole tree goes.
+    let root = h.spawn(2, &sh("sleep 1000 & echo $!; sleep 1000")).unwrap();
+    let pid: u32 = h.read_lines(2, 1)[0].parse().unwrap();
+    let starts = [assert_alive(root), assert_alive(pid)];
+    // Let the tracker see both trees.
+    thread::sleep(Duration::from_millis(3 * TRACK_INTERVAL_MS));
+    let status = h.close();
+    assert!(status.success(), "{status:?}");
+    assert_gone(root, starts[0]);
+    assert_gone(pid, starts[1]);
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        assert_alive(bg),
+        bg_start,
+        "the background sleep was killed"
+    );
+}
+
+#[test]
+fn a_spawn_of_several_mebibytes() {
+    // Exec's own limit on argv + env is a quarter of the stack limit (at most 6 MiB) and
+    // 128 KiB per string: raise the former, keep under the latter.
+    let mut h = Helper::start_with(|c| {
+        let mut p = Command::new("sh");
+        p.args(["-c", r#"ulimit -s 65536 && exec "$0""#, BIN]);
+        std::mem::swap(c, &mut p);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+    });
+    let pieces = 14;
+    let len = 120_000;
+    let script = r#"n=0; for a in "$@"; do n=$((n + ${#a})); done; echo "$# $n ${#RUNCELL_BIG_0} ${#RUNCELL_BIG_13}""#;
+    let mut sp = sh(script);
+    sp.argv.push(b"sh".to_vec());
+    for i in 0..pieces {
+        sp.argv.push(vec![b'a' + i as u8; len]);
+        sp.env.push((
+            format!("RUNCELL_BIG_{i}").into_bytes(),
+            vec![b'A' + i as u8; len],
+        ));
+    }
+    let mut e = Enc::frame(SPAWN, 1);
+    sp.encode(&mut e);
+    assert!(e.finish().len() > 3 << 20, "a SPAWN over 3 MiB");
+    let o = h.run(1, &sp);
+    assert_eq!(o.exit, (EXITED, 0), "{o:?}");
+    assert_eq!(o.text(), format!("{pieces} {} {len} {len}\n", pieces * len));
+}
+
+#[test]
+fn root_makes_its_own_directory_and_executable_root_owned() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new();
+    let own = dir.path().join("runcell");
+    fs::create_dir(&own).unwrap();
+    let exe = own.join("helper");
+    // Copied by another process: no write descriptor of ours can make the exec ETXTBSY.
+    let copied = Command::new("cp").arg(BIN).arg(&exe).status().unwrap();
+    assert!(copied.success());
+    for p in [&own, &exe] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+        fs::set_permissions(p, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let e = exe.clone();
+    let h = Helper::start_with(|c| {
+        let mut p = Command::new(&e);
+        std::mem::swap(c, &mut p);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+    });
+    assert_eq!(h.hello.uid, 0);
+    for p in [&own, &exe] {
+        let m = fs::metadata(p).unwrap();
+        assert_eq!(
+            (m.uid(), m.gid(), m.mode() & 0o7777),
+            (0, 0, 0o755),
+            "{}",
+            p.display()
+        );
+    }
+}
+
+#[test]
+fn stdin_is_read_while_stdout_is_blocked() {
+    let dir = TempDir::new();
+    let marker = dir.path().join("spawned");
+    let mut child = Command::new(BIN)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    // Nobody reads the helper's stdout: `yes` fills the pipe within its initial credit.
+    let _unread = child.stdout.take().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let spawn = |id: u32, sp: &Spawn| {
+        let mut e = Enc::frame(SPAWN, id);
+        sp.encode(&mut e);
+        e.finish()
+    };
+    stdin.write_all(&spawn(1, &spawn_of(&["yes"]))).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    // The helper still reads and handles frames (its answers wait in its queue).
+    for id in 2..50 {
+        stdin.write_all(&Enc::frame(PING, id).finish()).unwrap();
+    }
+    let touch = format!("touch '{}'", marker.display());
+    stdin.write_all(&spawn(50, &sh(&touch))).unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while !marker.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the helper stopped reading its stdin"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // And it exits when its stdin ends, even though its stdout is still blocked.
+    drop(stdin);
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the helper did not exit");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
 }
