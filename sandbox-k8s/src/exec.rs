@@ -165,9 +165,21 @@ pub(crate) async fn start(
         ..Default::default()
     };
     let nonce = new_nonce();
-    let mut argv: Vec<String> = ["sh", "-c", WRAPPER, "sandbox-exec"]
-        .map(String::from)
-        .to_vec();
+    // The exec marker goes into the wrapper's environment at its start (through `env`), not
+    // only as an export of the header: BusyBox's shell runs applets (`exec yes`) in the
+    // forked shell without an execve, so the process's /proc environ, where the kill looks
+    // for the marker, is the one it started with. The marker is a random id, not a secret.
+    let marker = spec
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == runcell_core::EXEC_ID_ENV)
+        .map(|(k, v)| format!("{k}={v}"));
+    let mut argv: Vec<String> = Vec::new();
+    if let Some(marker) = marker {
+        argv.extend(["env".to_string(), marker]);
+    }
+    argv.extend(["sh", "-c", WRAPPER, "sandbox-exec"].map(String::from));
     argv.extend(spec.argv.iter().cloned());
     let params = AttachParams {
         container: Some(CONTAINER.into()),
