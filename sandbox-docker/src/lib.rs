@@ -8,8 +8,10 @@
 //! liveness, post-create, timeouts and kills) is runcell-core's.
 //!
 //! Connect directly with [`DockerDriver::connect`], or through the registry as `docker`
-//! (config keys: `host`, `timeout_secs`, `registry_server` + `registry_username` +
-//! `registry_password`, `docker_config`; env `SANDBOX_DOCKER_HOST`, ...).
+//! (config keys: `host`, `timeout_secs`, `cert_path`, `registry_server` +
+//! `registry_username` + `registry_password`, `docker_config`; env
+//! `SANDBOX_DOCKER_HOST`, ...). A `tcp://` daemon behind TLS is reached as the docker CLI
+//! does (`DOCKER_HOST`, `DOCKER_TLS_VERIFY`, `DOCKER_CERT_PATH`) or with `cert_path`.
 //!
 //! Pulls send the credentials of the image's registry: the explicit ones of
 //! [`DockerConfig::credentials`], else those of the Docker CLI's `config.json`
@@ -64,8 +66,8 @@ runcell_core::register_driver!(
     DockerDriver::from_config
 );
 
-/// How the driver reaches the daemon. Built with [`DockerConfig::default`] and its setters
-/// (it will grow: TLS). `Debug` never shows a password.
+/// How the driver reaches the daemon. Built with [`DockerConfig::default`] and its setters.
+/// `Debug` never shows a password.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct DockerConfig {
@@ -80,6 +82,11 @@ pub struct DockerConfig {
     /// The directory of the Docker CLI's `config.json` read for pull credentials;
     /// default `$DOCKER_CONFIG`, else `~/.docker`.
     pub docker_config_dir: Option<PathBuf>,
+    /// TLS to a `tcp://` daemon with the client certificate and CA in this directory
+    /// (`ca.pem`, `cert.pem`, `key.pem`, as the docker CLI lays them out). Default: as the
+    /// docker CLI, TLS when `DOCKER_TLS_VERIFY` is set, from `DOCKER_CERT_PATH` (else
+    /// `~/.docker`). Needs the `tls` feature (on by default).
+    pub cert_path: Option<PathBuf>,
 }
 
 /// The Docker driver.
@@ -122,6 +129,29 @@ impl DockerConfig {
         self.docker_config_dir = Some(dir.into());
         self
     }
+
+    /// Connects with TLS, with `ca.pem`, `cert.pem` and `key.pem` from `dir`.
+    pub fn cert_path(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cert_path = Some(dir.into());
+        self
+    }
+}
+
+/// The TLS files of a cert directory, each checked to exist (a missing one is
+/// [`ErrorKind::Config`] naming it, before any connection).
+#[cfg(feature = "tls")]
+fn tls_files(dir: &std::path::Path) -> Result<[PathBuf; 3]> {
+    let files = ["key.pem", "cert.pem", "ca.pem"].map(|f| dir.join(f));
+    for file in &files {
+        if !file.is_file() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("docker: TLS needs {} (cert_path)", file.display()),
+            )
+            .with_field("cert_path"));
+        }
+    }
+    Ok(files)
 }
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -143,9 +173,14 @@ impl DockerDriver {
             )
             .with_source(e)
         };
-        let docker = Docker::connect_with_host(&address)
-            .map_err(unavailable)?
-            .with_timeout(config.timeout.unwrap_or(DEFAULT_TIMEOUT));
+        let timeout = config.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        // DOCKER_TLS_VERIFY and DOCKER_CERT_PATH are read by bollard, as the docker CLI does.
+        let docker = match &config.cert_path {
+            None => Docker::connect_with_host(&address),
+            Some(dir) => Self::connect_tls(&address, dir, timeout)?,
+        }
+        .map_err(unavailable)?
+        .with_timeout(timeout);
         let docker = docker.negotiate_version().await.map_err(unavailable)?;
         Ok(DockerDriver {
             docker,
@@ -153,6 +188,42 @@ impl DockerDriver {
             credentials: config.credentials,
             docker_config_dir: config.docker_config_dir,
         })
+    }
+
+    #[cfg(feature = "tls")]
+    fn connect_tls(
+        address: &str,
+        dir: &std::path::Path,
+        timeout: Duration,
+    ) -> Result<std::result::Result<Docker, bollard::errors::Error>> {
+        if !(address.starts_with("tcp://") || address.starts_with("https://")) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("docker: cert_path is for a tcp:// or https:// host, not {address}"),
+            )
+            .with_field("cert_path"));
+        }
+        let [key, cert, ca] = tls_files(dir)?;
+        Ok(Docker::connect_with_ssl(
+            address,
+            &key,
+            &cert,
+            &ca,
+            timeout.as_secs().max(1),
+            bollard::API_DEFAULT_VERSION,
+        ))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn connect_tls(
+        _: &str,
+        _: &std::path::Path,
+        _: Duration,
+    ) -> Result<std::result::Result<Docker, bollard::errors::Error>> {
+        Err(Error::unsupported(
+            "cert_path",
+            "TLS: runcell-docker was built without its `tls` feature",
+        ))
     }
 
     /// A driver on an existing bollard client (TLS, ssh, custom timeouts). The caller is
@@ -166,7 +237,8 @@ impl DockerDriver {
         }
     }
 
-    /// The registry constructor: keys `host`, `timeout_secs`, `registry_server` with
+    /// The registry constructor: keys `host`, `timeout_secs`, `cert_path` (TLS),
+    /// `registry_server` with
     /// `registry_username` and `registry_password` (all three or none), `docker_config`
     /// (the directory of `config.json`).
     pub async fn from_config(mut config: DriverConfig) -> Result<Arc<dyn Driver>> {
@@ -199,6 +271,7 @@ impl DockerDriver {
             }
         };
         let docker_config_dir = config.take("docker_config").map(PathBuf::from);
+        let cert_path = config.take("cert_path").map(PathBuf::from);
         config.finish()?;
         Ok(Arc::new(
             DockerDriver::connect(DockerConfig {
@@ -206,6 +279,7 @@ impl DockerDriver {
                 timeout,
                 credentials,
                 docker_config_dir,
+                cert_path,
             })
             .await?,
         ))
