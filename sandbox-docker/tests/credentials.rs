@@ -1,5 +1,7 @@
 //! Pulls from a registry on loopback that wants basic auth (Debian's `docker-registry`
-//! with an htpasswd file): explicit credentials and a `config.json` work, none or wrong
+//! with an htpasswd file): explicit credentials, a `config.json` `auths` entry and a
+//! credential helper (`credsStore` and `credHelpers`, a script on the PATH of a child
+//! process) work, none or wrong
 //! ones are a typed error naming the image and the registry, never the password, and
 //! nothing is created. Skipped without an engine or the registry binary, unless `CI` is
 //! set or `SANDBOX_REQUIRE` names docker: then it fails. No outside registry is contacted.
@@ -242,6 +244,50 @@ async fn pulls_use_registry_credentials() {
         .unwrap();
     let run = from_file.create(&spec).await.unwrap();
     run.stop().await.unwrap();
+    local.remove();
+
+    // A credential helper, as `credsStore` and as a `credHelpers` entry: a script of the
+    // test's own on the PATH of a child process (this binary again), which pulls.
+    let bin = tempfile::tempdir().unwrap();
+    let helper = bin.path().join("docker-credential-runcelltest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = get ] || exit 1\nread server\necho \"$server\" >> {log}\nprintf '{{\"ServerURL\":\"%s\",\"Username\":\"{USER}\",\"Secret\":\"{PASSWORD}\"}}' \"$server\"\n",
+            log = bin.path().join("asked").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for config in [
+        r#"{"credsStore": "runcelltest"}"#.to_string(),
+        format!(r#"{{"credHelpers": {{"{host}": "runcelltest"}}}}"#),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), &config).unwrap();
+        let path = format!(
+            "{}:{}",
+            bin.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "pull_in_a_child", "--ignored", "--nocapture"])
+            .env("PATH", path)
+            .env("RUNCELL_TEST_CHILD_IMAGE", &tag)
+            .env("RUNCELL_TEST_CHILD_CONFIG", dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "a pull through the credential helper ({config}) failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        local.remove();
+    }
+    let asked = std::fs::read_to_string(bin.path().join("asked")).unwrap_or_default();
+    assert_eq!(asked.lines().count(), 2, "the helper was asked: {asked:?}");
+    assert!(asked.lines().all(|l| l.contains(&host)), "{asked:?}");
 
     for r in anonymous.list(&selector).await.unwrap() {
         anonymous.remove(&r.id).await.unwrap();
@@ -249,6 +295,26 @@ async fn pulls_use_registry_credentials() {
     assert!(anonymous.list(&selector).await.unwrap().is_empty());
     drop(local);
     drop(registry);
+}
+
+/// The child of the credential-helper step: pulls the image with only the given Docker
+/// config directory (whose helper is on this process's PATH). Run only by that step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by pulls_use_registry_credentials in a child process"]
+async fn pull_in_a_child() {
+    let (Ok(image), Ok(config)) = (
+        std::env::var("RUNCELL_TEST_CHILD_IMAGE"),
+        std::env::var("RUNCELL_TEST_CHILD_CONFIG"),
+    ) else {
+        panic!("only run by pulls_use_registry_credentials");
+    };
+    let driver = DockerDriver::connect(DockerConfig::default().docker_config_dir(config))
+        .await
+        .unwrap();
+    let mut spec = RunSpec::new(&image).label("sandbox.test/case", CASE);
+    spec.network = Network::None;
+    let run = driver.create(&spec).await.unwrap();
+    run.stop().await.unwrap();
 }
 
 #[tokio::test]
