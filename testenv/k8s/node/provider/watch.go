@@ -83,9 +83,21 @@ func (p *Provider) gcOnce(ctx context.Context) {
 		log.G(ctx).WithError(err).Warn("gc: listing containers")
 		return
 	}
+	// A pod created after the snapshot above is registered before any of its
+	// containers or directories exist: check again right before removing.
+	trackedNow := func(uid types.UID) bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, rec := range p.pods {
+			if rec.pod.UID == uid {
+				return true
+			}
+		}
+		return false
+	}
 	for _, c := range list {
 		uid := types.UID(c.Labels[LabelPodUID])
-		if tracked[uid] {
+		if tracked[uid] || trackedNow(uid) {
 			continue
 		}
 		log.G(ctx).WithField("container", c.Names).Info("gc: removing container of an unknown pod")
@@ -96,8 +108,22 @@ func (p *Provider) gcOnce(ctx context.Context) {
 
 	dirs, _ := os.ReadDir(filepath.Join(p.cfg.StateDir, "pods"))
 	for _, d := range dirs {
-		if !tracked[types.UID(d.Name())] {
+		uid := types.UID(d.Name())
+		if tracked[uid] {
+			continue
+		}
+		// Under the lock, so that no pod registers between the check and the removal.
+		p.mu.Lock()
+		known := false
+		for _, rec := range p.pods {
+			if rec.pod.UID == uid {
+				known = true
+				break
+			}
+		}
+		if !known {
 			_ = os.RemoveAll(filepath.Join(p.cfg.StateDir, "pods", d.Name()))
 		}
+		p.mu.Unlock()
 	}
 }
