@@ -14,6 +14,8 @@ use base64::Engine;
 use runcell_core::{Driver, ErrorKind, ExecSpec, Network, RunExt, RunSpec};
 use runcell_docker::{DockerConfig, DockerDriver};
 
+mod common;
+
 const USER: &str = "runcell";
 const PASSWORD: &str = "pw-Zq8vK2xLr7";
 const WRONG: &str = "wrong-Hh4nT9pQ";
@@ -56,7 +58,8 @@ struct Registry {
 }
 
 impl Registry {
-    fn start() -> Registry {
+    /// With `tls`: the directory of `server-cert.pem` and `server-key.pem` (HTTPS).
+    fn start(tls: Option<&std::path::Path>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let htpasswd = dir.path().join("htpasswd");
         let hash = bcrypt::hash(PASSWORD, 5).unwrap();
@@ -70,8 +73,14 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: runcell-test\n    path: {}\n",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{}auth:\n  htpasswd:\n    realm: runcell-test\n    path: {}\n",
                 dir.path().join("data").display(),
+                tls.map(|d| format!(
+                    "  tls:\n    certificate: {}\n    key: {}\n",
+                    d.join("server-cert.pem").display(),
+                    d.join("server-key.pem").display()
+                ))
+                .unwrap_or_default(),
                 htpasswd.display()
             ),
         )
@@ -153,7 +162,7 @@ async fn pulls_use_registry_credentials() {
         eprintln!("\n*** SKIPPED pulls_use_registry_credentials: {REGISTRY} is missing");
         return;
     }
-    let registry = Registry::start();
+    let registry = Registry::start(None);
     let host = format!("127.0.0.1:{}", registry.port);
     let unique = format!("{}-{}", std::process::id(), rand_suffix());
     let tag = format!("{host}/t/busybox:{unique}");
@@ -293,6 +302,97 @@ async fn pulls_use_registry_credentials() {
         anonymous.remove(&r.id).await.unwrap();
     }
     assert!(anonymous.list(&selector).await.unwrap().is_empty());
+    drop(local);
+    drop(registry);
+}
+
+/// A registry that speaks only HTTPS (its own CA, a certificate for 127.0.0.1) with basic
+/// auth: a pull with credentials works, without them it is a typed error naming the image
+/// and the registry. (dockerd counts 127.0.0.0/8 as an insecure registry range and skips
+/// certificate verification there, so an untrusted CA cannot be shown failing on
+/// loopback.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_from_a_tls_registry() {
+    if let Err(e) = DockerDriver::connect(DockerConfig::default()).await {
+        assert!(!strict(), "CI or SANDBOX_REQUIRE names docker, but: {e}");
+        eprintln!("no Docker engine, test skipped: {e}");
+        return;
+    }
+    let openssl = Command::new("openssl")
+        .arg("version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !std::path::Path::new(REGISTRY).exists() || !openssl {
+        assert!(
+            !strict(),
+            "the TLS registry test needs {REGISTRY} and openssl"
+        );
+        eprintln!("\n*** SKIPPED pulls_from_a_tls_registry: tools or permissions missing");
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    common::new_ca(certs.path(), "ca");
+    common::issue(
+        certs.path(),
+        "ca",
+        "server",
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    );
+    let registry = Registry::start(Some(certs.path()));
+    let host = format!("127.0.0.1:{}", registry.port);
+    let unique = format!("{}-{}", std::process::id(), rand_suffix());
+    let tag = format!("{host}/tls/busybox:{unique}");
+    let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE")
+        .unwrap_or_else(|_| "sandbox-test/busybox:latest".into());
+    let local = LocalTag(tag.clone());
+    let login = tempfile::tempdir().unwrap();
+    let login_dir = login.path().to_str().unwrap();
+    docker(&["tag", &image, &tag], None);
+    docker(
+        &[
+            "--config",
+            login_dir,
+            "login",
+            "-u",
+            USER,
+            "--password-stdin",
+            &host,
+        ],
+        Some(PASSWORD),
+    );
+    docker(&["--config", login_dir, "push", &tag], None);
+    local.remove();
+
+    let empty = tempfile::tempdir().unwrap();
+    let mut spec = RunSpec::new(&tag).label("sandbox.test/case", "tls-registry");
+    spec.network = Network::None;
+    let selector = BTreeMap::from([("sandbox.test/case".to_string(), "tls-registry".to_string())]);
+    let driver = DockerDriver::connect(
+        DockerConfig::default()
+            .credentials(&host, USER, PASSWORD)
+            .docker_config_dir(empty.path()),
+    )
+    .await
+    .unwrap();
+    let run = driver.create(&spec).await.unwrap();
+    let out = run.exec(ExecSpec::new(["true"])).await.unwrap();
+    assert!(out.status.success(), "{}", out.status);
+    run.stop().await.unwrap();
+    local.remove();
+
+    // Without credentials: refused over HTTPS too, typed, naming image and registry.
+    let anonymous = DockerDriver::connect(DockerConfig::default().docker_config_dir(empty.path()))
+        .await
+        .unwrap();
+    let e = anonymous.create(&spec).await.unwrap_err();
+    eprintln!("without credentials: {}", all_text(&e));
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(
+        e.message().contains(&tag) && e.message().contains(&host),
+        "{e}"
+    );
+    assert!(driver.list(&selector).await.unwrap().is_empty());
     drop(local);
     drop(registry);
 }
