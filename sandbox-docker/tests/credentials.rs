@@ -15,20 +15,13 @@ use runcell_core::{Driver, ErrorKind, ExecSpec, Network, RunExt, RunSpec};
 use runcell_docker::{DockerConfig, DockerDriver};
 
 mod common;
+use common::strict;
 
 const USER: &str = "runcell";
 const PASSWORD: &str = "pw-Zq8vK2xLr7";
 const WRONG: &str = "wrong-Hh4nT9pQ";
 const REGISTRY: &str = "/usr/bin/docker-registry";
 const CASE: &str = "registry-credentials";
-
-fn strict() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    ci || std::env::var("SANDBOX_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|d| d.trim() == "docker")
-}
 
 fn docker(args: &[&str], stdin: Option<&str>) {
     let mut child = Command::new("docker")
@@ -164,30 +157,8 @@ async fn pulls_use_registry_credentials() {
     }
     let registry = Registry::start(None);
     let host = format!("127.0.0.1:{}", registry.port);
-    let unique = format!("{}-{}", std::process::id(), rand_suffix());
-    let tag = format!("{host}/t/busybox:{unique}");
-    let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE")
-        .unwrap_or_else(|_| "sandbox-test/busybox:latest".into());
-    let local = LocalTag(tag.clone());
-
-    // Push with a login kept in a directory of the test's own.
-    let login = tempfile::tempdir().unwrap();
-    let login_dir = login.path().to_str().unwrap();
-    docker(&["tag", &image, &tag], None);
-    docker(
-        &[
-            "--config",
-            login_dir,
-            "login",
-            "-u",
-            USER,
-            "--password-stdin",
-            &host,
-        ],
-        Some(PASSWORD),
-    );
-    docker(&["--config", login_dir, "push", &tag], None);
-    local.remove();
+    // Pushed with a login kept in a directory of the test's own.
+    let (tag, local) = push_test_image(&host, "t");
 
     let empty = tempfile::tempdir().unwrap();
     let mut spec = RunSpec::new(&tag).label("sandbox.test/case", CASE);
@@ -341,28 +312,7 @@ async fn pulls_from_a_tls_registry() {
     );
     let registry = Registry::start(Some(certs.path()));
     let host = format!("127.0.0.1:{}", registry.port);
-    let unique = format!("{}-{}", std::process::id(), rand_suffix());
-    let tag = format!("{host}/tls/busybox:{unique}");
-    let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE")
-        .unwrap_or_else(|_| "sandbox-test/busybox:latest".into());
-    let local = LocalTag(tag.clone());
-    let login = tempfile::tempdir().unwrap();
-    let login_dir = login.path().to_str().unwrap();
-    docker(&["tag", &image, &tag], None);
-    docker(
-        &[
-            "--config",
-            login_dir,
-            "login",
-            "-u",
-            USER,
-            "--password-stdin",
-            &host,
-        ],
-        Some(PASSWORD),
-    );
-    docker(&["--config", login_dir, "push", &tag], None);
-    local.remove();
+    let (tag, local) = push_test_image(&host, "tls");
 
     let empty = tempfile::tempdir().unwrap();
     let mut spec = RunSpec::new(&tag).label("sandbox.test/case", "tls-registry");
@@ -427,6 +377,34 @@ async fn registry_keys_come_together_and_errors_hold_no_password() {
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
     assert!(e.message().contains("registry_server"), "{e}");
     assert!(!all_text(&e).contains(PASSWORD), "{}", all_text(&e));
+}
+
+/// Tags the suite's image as `<host>/<repo>/busybox:<unique>`, pushes it with a login of
+/// the test's own, and removes the local copy (so that a run must pull it).
+fn push_test_image(host: &str, repo: &str) -> (String, LocalTag) {
+    let unique = format!("{}-{}", std::process::id(), rand_suffix());
+    let tag = format!("{host}/{repo}/busybox:{unique}");
+    let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE")
+        .unwrap_or_else(|_| "sandbox-test/busybox:latest".into());
+    let local = LocalTag(tag.clone());
+    let login = tempfile::tempdir().unwrap();
+    let login_dir = login.path().to_str().unwrap();
+    docker(&["tag", &image, &tag], None);
+    docker(
+        &[
+            "--config",
+            login_dir,
+            "login",
+            "-u",
+            USER,
+            "--password-stdin",
+            host,
+        ],
+        Some(PASSWORD),
+    );
+    docker(&["--config", login_dir, "push", &tag], None);
+    local.remove();
+    (tag, local)
 }
 
 fn rand_suffix() -> u64 {

@@ -20,20 +20,12 @@ use runcell_core::{
 use runcell_docker::{DockerConfig, DockerDriver};
 
 mod common;
-use common::{issue, new_ca};
+use common::{issue, new_ca, strict};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 const IMAGE: &str = "sandbox-test/busybox:latest";
 const SOCKET: &str = "/var/run/docker.sock";
-
-fn strict() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    ci || std::env::var("SANDBOX_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|d| d.trim() == "docker")
-}
 
 fn missing() -> Option<String> {
     let openssl = Command::new("openssl")

@@ -2,7 +2,7 @@
 //! The whole suite runs on both (`RUNCELL_EXEC_HELPER=required` / `off`); these cases
 //! check what differs and what must hold when the helper itself fails.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use runcell_core::{
@@ -10,6 +10,7 @@ use runcell_core::{
     RunExt,
 };
 
+use super::robustness::{process_lines, wait_gone};
 use crate::{Context, no_tar_image, sh_ok, sh_stdout};
 
 /// The path the environment asks for, if it asks.
@@ -179,22 +180,7 @@ pub async fn a_dead_helper_loses_execs_and_recovers(cx: &Context) -> anyhow::Res
         matches!(status, ExitStatus::TransportLost(_)),
         "an exec whose helper died: {status}"
     );
-    let started = Instant::now();
-    loop {
-        let procs = sh_stdout(
-            &*run,
-            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
-        )
-        .await?;
-        if !procs.contains("sleep 1501") {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(10),
-            "the dead helper's processes still run:\n{procs}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_gone(&*run, "sleep 1501", Duration::from_secs(10)).await?;
     ensure!(run.exec_path() == ExecPath::Helper);
     ensure!(sh_stdout(&*run, "echo again").await? == "again");
     run.stop().await?;
@@ -217,22 +203,7 @@ pub async fn unread_floods_time_out_and_leave_nothing(cx: &Context) -> anyhow::R
             .context("an unread flood did not end after its timeout")?;
         ensure!(status == ExitStatus::TimedOut, "an unread flood: {status}");
     }
-    let started = Instant::now();
-    loop {
-        let procs = sh_stdout(
-            &*run,
-            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
-        )
-        .await?;
-        if !procs.contains("yes flood") {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(10),
-            "the floods still run:\n{procs}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_gone(&*run, "yes flood", Duration::from_secs(10)).await?;
     if run.exec_path() == ExecPath::Helper {
         let threads = sh_stdout(
             &*run,
@@ -276,11 +247,7 @@ pub async fn background_processes_outlive_the_run_handle(cx: &Context) -> anyhow
     drop(run);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = cx.driver.attach(&id).await?;
-    let procs = sh_stdout(
-        &*again,
-        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
-    )
-    .await?;
+    let procs = process_lines(&*again).await?;
     let alive = procs.contains("sleep 1777");
     again.stop().await?;
     ensure!(

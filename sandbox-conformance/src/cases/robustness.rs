@@ -11,7 +11,7 @@ use crate::harness::OwnerMode;
 use crate::{Context, sh_stdout};
 
 /// The command lines of the processes alive in the run (zombies have none).
-async fn process_lines(run: &dyn Run) -> anyhow::Result<String> {
+pub(crate) async fn process_lines(run: &dyn Run) -> anyhow::Result<String> {
     sh_stdout(
         run,
         "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
@@ -20,7 +20,7 @@ async fn process_lines(run: &dyn Run) -> anyhow::Result<String> {
 }
 
 /// Waits until no process's command line contains `needle`.
-async fn wait_gone(run: &dyn Run, needle: &str, within: Duration) -> anyhow::Result<()> {
+pub(crate) async fn wait_gone(run: &dyn Run, needle: &str, within: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
         let procs = process_lines(run).await?;

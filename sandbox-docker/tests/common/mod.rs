@@ -1,8 +1,18 @@
-//! Shared by the TLS tests: certificates made with `openssl` in a test's directory.
+//! Shared by the registry and TLS tests: strictness, and certificates made with
+//! `openssl` in a test's directory.
 #![allow(dead_code)]
 
 use std::path::Path;
 use std::process::Command;
+
+/// `CI` or `SANDBOX_REQUIRE` naming docker: a missing tool fails instead of skipping.
+pub fn strict() -> bool {
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    ci || std::env::var("SANDBOX_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|d| d.trim() == "docker")
+}
 
 pub fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
