@@ -656,7 +656,17 @@ fn a_pull_shows_progress() {
         sb.label_value
     );
     let mut build = std::process::Command::new("docker")
-        .args(["build", "-q", "-t", &tag, "-"])
+        // No network for the RUN step; no intermediate container left even if it fails.
+        .args([
+            "build",
+            "-q",
+            "--network",
+            "none",
+            "--force-rm",
+            "-t",
+            &tag,
+            "-",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -205,11 +205,7 @@ async fn pulls_use_registry_credentials() {
     )
     .await
     .unwrap();
-    let run = explicit.create(&spec).await.unwrap();
-    let out = run.exec(ExecSpec::new(["true"])).await.unwrap();
-    assert!(out.status.success(), "{}", out.status);
-    run.stop().await.unwrap();
-    local.remove();
+    pull_and_run(&explicit, &spec, &local).await;
 
     // A config.json of the test's own, with a base64 `auth` entry.
     let config_dir = tempfile::tempdir().unwrap();
@@ -325,11 +321,7 @@ async fn pulls_from_a_tls_registry() {
     )
     .await
     .unwrap();
-    let run = driver.create(&spec).await.unwrap();
-    let out = run.exec(ExecSpec::new(["true"])).await.unwrap();
-    assert!(out.status.success(), "{}", out.status);
-    run.stop().await.unwrap();
-    local.remove();
+    pull_and_run(&driver, &spec, &local).await;
 
     // Without credentials: refused over HTTPS too, typed, naming image and registry.
     let anonymous = DockerDriver::connect(DockerConfig::default().docker_config_dir(empty.path()))
@@ -377,6 +369,16 @@ async fn registry_keys_come_together_and_errors_hold_no_password() {
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
     assert!(e.message().contains("registry_server"), "{e}");
     assert!(!all_text(&e).contains(PASSWORD), "{}", all_text(&e));
+}
+
+/// Creates a run of `spec` (which pulls), execs `true` in it, stops it, and removes the
+/// pulled image again.
+async fn pull_and_run(driver: &DockerDriver, spec: &RunSpec, local: &LocalTag) {
+    let run = driver.create(spec).await.unwrap();
+    let out = run.exec(ExecSpec::new(["true"])).await.unwrap();
+    assert!(out.status.success(), "{}", out.status);
+    run.stop().await.unwrap();
+    local.remove();
 }
 
 /// Tags the suite's image as `<host>/<repo>/busybox:<unique>`, pushes it with a login of

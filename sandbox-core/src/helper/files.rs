@@ -65,7 +65,12 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
         let (session, window) = (session.clone(), window.clone());
         let reader = SyncIoBridge::new(StreamReader::new(tar));
         let handle = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || send_entries(&session, id, &window, reader, &handle))
+        tokio::task::spawn_blocking(move || {
+            let sent = send_entries(&session, id, &window, reader, &handle);
+            // Whatever happened, the operation ends: the helper then drops its state.
+            let _ = session.send_frame(Enc::frame(proto::STDIN_EOF, id).finish());
+            sent
+        })
     };
     tokio::pin!(sender);
     let mut sent = false;
@@ -97,21 +102,8 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
     }
 }
 
-/// Reads the tar (blocking) and sends each entry and its data within the window; ends
-/// the operation with `STDIN_EOF` whatever happens.
+/// Reads the tar (blocking) and sends each entry and its data within the window.
 fn send_entries(
-    session: &Session,
-    id: u32,
-    window: &Semaphore,
-    reader: impl Read,
-    handle: &tokio::runtime::Handle,
-) -> Result<()> {
-    let result = send_entries_inner(session, id, window, reader, handle);
-    let _ = session.send_frame(Enc::frame(proto::STDIN_EOF, id).finish());
-    result
-}
-
-fn send_entries_inner(
     session: &Session,
     id: u32,
     window: &Semaphore,

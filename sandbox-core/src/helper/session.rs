@@ -83,6 +83,45 @@ impl Receiver {
         self.done = true;
     }
 
+    /// The exec's output, returning each chunk's bytes as credit once the pump took it.
+    fn into_output(
+        self,
+        status: Arc<Mutex<Option<ExitStatus>>>,
+    ) -> BoxStream<'static, io::Result<OutputChunk>> {
+        futures::stream::unfold(Some(self), move |events| {
+            let status = status.clone();
+            async move {
+                let mut events = events?;
+                loop {
+                    match events.next().await {
+                        Some(Event::Out(chunk)) => {
+                            let n = match &chunk {
+                                OutputChunk::Stdout(b) | OutputChunk::Stderr(b) => b.len(),
+                            };
+                            events.give_credit(n);
+                            return Some((Ok(chunk), Some(events)));
+                        }
+                        Some(Event::Exit(s)) => {
+                            *status.lock().unwrap() = Some(s);
+                            return None;
+                        }
+                        Some(Event::Lost(why)) => {
+                            return Some((Err(io::Error::other(why)), None));
+                        }
+                        None => {
+                            return Some((
+                                Err(io::Error::other("the helper connection closed")),
+                                None,
+                            ));
+                        }
+                        Some(_) => continue,
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+
     /// Grants the helper `n` more output bytes (after consuming as many).
     pub(crate) fn give_credit(&self, n: usize) {
         self.credit.fetch_add(n as i64, Ordering::Relaxed);
@@ -276,10 +315,6 @@ impl Session {
         self.table.lock().unwrap().dead.clone()
     }
 
-    fn send(&self, frame: Vec<u8>) {
-        let _ = self.frames.send(frame);
-    }
-
     /// Opens an id: its receiver, and a stdin window when asked.
     fn open_id(&self, window: bool) -> Result<(Receiver, Option<Arc<Semaphore>>)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -335,7 +370,7 @@ impl Session {
                 "the command and its env are too large",
             ));
         }
-        self.send(frame);
+        let _ = self.send_frame(frame);
         let status = Arc::new(Mutex::new(None));
         // Dropped before the answer: the helper kills what it may have started.
         events.kill_on_drop = true;
@@ -359,7 +394,7 @@ impl Session {
             Some(other) => return Err(lost(format!("the helper answered a spawn with {other:?}"))),
         }
         let stdin = window.map(|window| self.stdin_sink(id, window));
-        let output = self.output_stream(events, status.clone());
+        let output = events.into_output(status.clone());
         Ok((
             id,
             RawProcess {
@@ -368,46 +403,6 @@ impl Session {
                 status: Box::new(HelperStatus(status)),
             },
         ))
-    }
-
-    /// The exec's output, returning each chunk's bytes as credit once the pump took it.
-    fn output_stream(
-        self: &Arc<Self>,
-        events: Receiver,
-        status: Arc<Mutex<Option<ExitStatus>>>,
-    ) -> BoxStream<'static, io::Result<OutputChunk>> {
-        futures::stream::unfold(Some(events), move |events| {
-            let status = status.clone();
-            async move {
-                let mut events = events?;
-                loop {
-                    match events.next().await {
-                        Some(Event::Out(chunk)) => {
-                            let n = match &chunk {
-                                OutputChunk::Stdout(b) | OutputChunk::Stderr(b) => b.len(),
-                            };
-                            events.give_credit(n);
-                            return Some((Ok(chunk), Some(events)));
-                        }
-                        Some(Event::Exit(s)) => {
-                            *status.lock().unwrap() = Some(s);
-                            return None;
-                        }
-                        Some(Event::Lost(why)) => {
-                            return Some((Err(io::Error::other(why)), None));
-                        }
-                        None => {
-                            return Some((
-                                Err(io::Error::other("the helper connection closed")),
-                                None,
-                            ));
-                        }
-                        Some(_) => continue,
-                    }
-                }
-            }
-        })
-        .boxed()
     }
 
     /// A stdin sink: bytes written to it go out as `STDIN` frames within the window;
@@ -451,7 +446,7 @@ impl Session {
             }
             table.kills.entry(id).or_default().push(tx);
         }
-        self.send(Enc::frame(proto::KILL, id).finish());
+        let _ = self.send_frame(Enc::frame(proto::KILL, id).finish());
         rx.await
             .map_err(|_| lost("the helper connection broke during a kill"))
     }
@@ -467,7 +462,7 @@ impl Session {
         let id = events.id;
         let mut frame = Enc::frame(kind, id);
         frame.bytes(path.as_bytes());
-        self.send(frame.finish());
+        let _ = self.send_frame(frame.finish());
         Ok((id, events, window))
     }
 
