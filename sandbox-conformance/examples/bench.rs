@@ -3,7 +3,8 @@
 //! through the raw Engine API; throughput at parallelism 8; run start with and without
 //! the helper; a fresh container per call; and memory (host RSS over 10 000 helper execs
 //! and 256 MiB each way through stdout, stdin and files; the helper's RSS in the
-//! sandbox). Arms are interleaved round by round so that machine noise hits all alike.
+//! sandbox); run start cold vs claimed from a warm pool. Arms are interleaved round by
+//! round so that machine noise hits all alike.
 //! Prints medians and ratios.
 //!
 //! `cargo xtask bench` (Docker, then the Kubernetes test cluster), or
@@ -297,6 +298,42 @@ async fn main() -> Res<()> {
         ms(fresh) / ms(h),
         ms(median(stops))
     );
+
+    if driver.capabilities().pool {
+        let rounds = rounds.max(10);
+        println!(
+            "== {name}: start → first exec answered, cold vs claimed from a warm pool, {rounds} rounds, interleaved"
+        );
+        // A run with a setting of its own, as an engine's would have.
+        let run_spec = spec.clone().env("RUN_TOKEN", "per-run");
+        let pool = runcell_core::Pool::new(
+            driver.clone(),
+            &spec,
+            runcell_core::PoolConfig::default().min_ready(1),
+        )?;
+        let (mut cold, mut pooled) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let run = driver.create(&run_spec).await?;
+            call(&*run).await?;
+            cold.push(t.elapsed());
+            run.stop().await?;
+            // Measured from a ready pool: what a claim costs, not a refill.
+            pool.wait_ready(1, Duration::from_secs(120)).await?;
+            let t = Instant::now();
+            let run = pool.create(&run_spec, Default::default()).await?;
+            call(&*run).await?;
+            pooled.push(t.elapsed());
+            run.stop().await?;
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.hits as usize, rounds, "{stats:?}");
+        pool.shutdown().await?;
+        let (c, w) = (median(cold), median(pooled));
+        println!("cold              p50 {:8.1} ms", ms(c));
+        println!("from a warm pool  p50 {:8.1} ms", ms(w));
+        println!("cold/pooled {:6.1}x", ms(c) / ms(w));
+    }
 
     let left = driver
         .list(

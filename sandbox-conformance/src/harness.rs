@@ -16,6 +16,7 @@
 //! | `CI` (non-empty, not `false`/`0`) | strict, as above |
 //! | `SANDBOX_CONFORMANCE_SESSION` | the session label value to put on every run (default: a random one), so that the caller can check for leftovers of exactly this session |
 //! | `SANDBOX_CONFORMANCE_IMAGE` | the suite's image |
+//! | `SANDBOX_CONFORMANCE_POOLED` | non-empty: every run comes from a warm pool ([`crate::pooled::PooledDriver`]) |
 //!
 //! With `SANDBOX_TEST` unset, a strict binary fails, saying what to set; otherwise it
 //! prints a `skipped` line and shows one ignored test, so `cargo test --workspace` on a
@@ -89,6 +90,15 @@ pub fn main() {
         }
         Err(e) => fail(&format!("cannot connect driver {name}: {e}")),
     };
+    let pooled = std::env::var(POOLED_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+    let driver: Arc<dyn runcell_core::Driver> = if pooled {
+        match crate::pooled::PooledDriver::new(driver) {
+            Ok(d) => Arc::new(d),
+            Err(e) => fail(&format!("{POOLED_ENV}: {e:#}")),
+        }
+    } else {
+        driver
+    };
     let image = std::env::var(IMAGE_ENV).unwrap_or_else(|_| DEFAULT_IMAGE.into());
     let cx = match std::env::var(SESSION_ENV) {
         Ok(session) if !session.is_empty() => {
@@ -100,7 +110,12 @@ pub fn main() {
         _ => Context::new(driver, image),
     };
     println!(
-        "conformance: driver {name}, session {}, capabilities {:?}",
+        "conformance: driver {name}{}, session {}, capabilities {:?}",
+        if pooled {
+            " (every run from a warm pool)"
+        } else {
+            ""
+        },
         cx.session(),
         cx.caps
     );
@@ -235,11 +250,32 @@ pub enum OwnerMode {
     Bare,
     /// A guarded run with [`runcell_core::stop_runs_on_signal`] installed.
     GuardedWithSignalHandler,
+    /// A warm pool of the case's spec with two targets ready (it prints `RUN <key>` once
+    /// they are), never shut down.
+    Pool,
+    /// Claims [`CLAIMS_ENV`] runs from the pool of the case's spec (it never creates one):
+    /// prints `READY`, waits for a line on stdin, claims, prints `RUN <id>` for each (after
+    /// checking that the run has its env `WHO=child`), stops them, prints `DONE`.
+    PoolClaimer,
 }
+
+/// How many runs a [`OwnerMode::PoolClaimer`] child claims.
+pub const CLAIMS_ENV: &str = "SANDBOX_CONFORMANCE_CLAIMS";
+/// Non-empty: the suite runs on pooled runs ([`crate::pooled::PooledDriver`]).
+pub const POOLED_ENV: &str = "SANDBOX_CONFORMANCE_POOLED";
 
 /// Starts this test binary again as an owner process that creates one run labelled for
 /// `cx`'s case and then waits to be killed.
 pub fn spawn_owner_child(cx: &Context, mode: OwnerMode) -> anyhow::Result<tokio::process::Child> {
+    spawn_child(cx, mode, &[])
+}
+
+/// Starts this test binary again as a child in `mode` for `cx`'s case, with `env` added.
+pub fn spawn_child(
+    cx: &Context,
+    mode: OwnerMode,
+    env: &[(&str, &str)],
+) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe()?;
     let selector = cx.case_selector();
     tokio::process::Command::new(exe)
@@ -248,7 +284,12 @@ pub fn spawn_owner_child(cx: &Context, mode: OwnerMode) -> anyhow::Result<tokio:
         .env(IMAGE_ENV, &cx.image)
         .env(SESSION_ENV, &selector[SESSION_LABEL])
         .env("SANDBOX_CONFORMANCE_CASE", &selector[CASE_LABEL])
-        .stdin(Stdio::null())
+        .envs(env.iter().copied())
+        .stdin(if mode == OwnerMode::PoolClaimer {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -279,7 +320,56 @@ async fn owner_child() -> anyhow::Result<()> {
     if driver.capabilities().network_none {
         spec.network = runcell_core::Network::None;
     }
-    if std::env::var(CHILD_ENV)? == format!("{:?}", OwnerMode::GuardedWithSignalHandler) {
+    let mode = std::env::var(CHILD_ENV)?;
+    if mode == format!("{:?}", OwnerMode::Pool) {
+        let pool = runcell_core::Pool::new(
+            driver.clone(),
+            &spec,
+            runcell_core::PoolConfig::default().min_ready(2),
+        )?;
+        pool.wait_ready(2, Duration::from_secs(120)).await?;
+        println!("RUN {}", pool.key());
+        // Wait for SIGKILL; never shut the pool down.
+        std::future::pending::<()>().await;
+    }
+    if mode == format!("{:?}", OwnerMode::PoolClaimer) {
+        let claims: usize = std::env::var(CLAIMS_ENV)?.parse()?;
+        let pool = runcell_core::Pool::new(
+            driver.clone(),
+            &spec,
+            runcell_core::PoolConfig::default()
+                .min_ready(0)
+                .on_empty(runcell_core::OnEmpty::Fail),
+        )?;
+        println!("READY");
+        // A blocking read of one line: the parent's go.
+        tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await??;
+        let spec = spec.env("WHO", "child");
+        let claimed = futures::future::join_all((0..claims).map(|_| pool.start(&spec))).await;
+        let mut runs = Vec::new();
+        for run in claimed {
+            let run = run?;
+            let out = runcell_core::RunExt::exec(
+                &*run,
+                runcell_core::ExecSpec::new(["sh", "-c", "echo $WHO"]),
+            )
+            .await?;
+            anyhow::ensure!(
+                out.stdout_str() == "child\n",
+                "the child's run has {:?}",
+                out.stdout_str()
+            );
+            println!("RUN {}", run.id());
+            runs.push(run);
+        }
+        for run in runs {
+            run.stop().await?;
+        }
+        pool.shutdown().await?;
+        println!("DONE");
+        return Ok(());
+    }
+    if mode == format!("{:?}", OwnerMode::GuardedWithSignalHandler) {
         runcell_core::stop_runs_on_signal()?;
         let run = runcell_core::DriverExt::start(&*driver, &spec).await?;
         println!("RUN {}", run.id());

@@ -20,6 +20,7 @@ use runcell_core::{Capabilities, Driver, ExecOutput, ExecSpec, Network, Run, Run
 
 pub mod cases;
 pub mod harness;
+pub mod pooled;
 
 pub use cases::CASES;
 

@@ -79,6 +79,14 @@ capabilities! {
     attach,
     /// The CA bundle is added to the image's system trust store (where it has one).
     system_trust_store,
+    /// Warm pools ([`crate::Pool`]): targets created ahead, claimed atomically by any
+    /// process, the run's settings applied after the claim. A pooled run's host workspace
+    /// is copied in (and, where cold runs mount it, copied back at stop).
+    pool,
+    /// A claim gives the pooled target the run's own labels, owner and TTL. Without it
+    /// they stay those of the pool, so a spec whose `labels` or `ttl` differ from the
+    /// pool's does not match it.
+    pool_relabel,
 }
 
 fn unsupported(field: &str, what: &str) -> Result<()> {
@@ -215,7 +223,9 @@ mod tests {
             .files(true)
             .stdin_streaming(true)
             .attach(true)
-            .system_trust_store(true);
+            .system_trust_store(true)
+            .pool(true)
+            .pool_relabel(true);
         let text = format!("{caps:?}");
         assert!(
             !text.contains("false"),

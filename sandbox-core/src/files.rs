@@ -117,6 +117,88 @@ pub fn tar_of_files(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
     builder.into_inner().map_err(tar_error)
 }
 
+/// A tar archive of the directories `paths` (relative; parents come first or are made by
+/// the extractor), mode 0755: how a directory is made in a target without a shell.
+pub fn tar_of_dirs(paths: &[&str]) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for path in paths {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(0);
+        header.set_mode(0o755);
+        header.set_mtime(now_secs());
+        header.set_entry_type(tar::EntryType::Directory);
+        let name = format!("{}/", path.trim_matches('/'));
+        builder
+            .append_data(&mut header, name, std::io::empty())
+            .map_err(tar_error)?;
+    }
+    builder.into_inner().map_err(tar_error)
+}
+
+/// A tar archive of the content of host directory `dir` (paths relative to it), symbolic
+/// links kept as links: how a host workspace is copied into a target.
+pub fn tar_dir(dir: &std::path::Path) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    builder
+        .append_dir_all(".", dir)
+        .and_then(|_| builder.into_inner())
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Backend,
+                format!("cannot archive {}", dir.display()),
+            )
+            .with_source(e)
+        })
+}
+
+/// Unpacks a tar stream into host directory `dir`, dropping the first `strip` path
+/// components of each entry: only regular files and directories, and only inside `dir`
+/// (the archive comes from the sandbox and may hold links meant to write elsewhere on
+/// the host). Streams: memory stays bounded whatever the size.
+pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -> Result<()> {
+    let reader = tokio_util::io::SyncIoBridge::new(StreamReader::new(tar));
+    let dir = dir.to_path_buf();
+    let bad = |e: std::io::Error| {
+        Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
+    };
+    tokio::task::spawn_blocking(move || {
+        let mut archive = tar::Archive::new(reader);
+        for entry in archive.entries().map_err(bad)? {
+            let mut entry = entry.map_err(bad)?;
+            let path = entry.path().map_err(bad)?.into_owned();
+            let rest: std::path::PathBuf = path
+                .components()
+                .filter(|c| !matches!(c, std::path::Component::CurDir))
+                .skip(strip)
+                .collect();
+            if rest.as_os_str().is_empty() {
+                continue;
+            }
+            match entry.header().entry_type() {
+                tar::EntryType::Regular | tar::EntryType::Directory => {
+                    // `unpack_in` refuses `..` and absolute paths.
+                    let target = dir.join(&rest);
+                    if rest
+                        .components()
+                        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+                    {
+                        continue;
+                    }
+                    if let Some(parent) = target.parent() {
+                        std::fs::create_dir_all(parent).map_err(bad)?;
+                    }
+                    entry.unpack(&target).map_err(bad)?;
+                }
+                other => tracing::debug!(?other, "unpacking skips a non-regular entry"),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::new(ErrorKind::Backend, "unpacking panicked").with_source(e))?
+}
+
 /// A tar stream of one regular file `name` with `len` bytes read from `contents`, framed
 /// as it is read (nothing is buffered beyond a chunk). A reader that ends before `len`
 /// bytes, or has more, makes the stream fail, so a short archive is never sent as whole.

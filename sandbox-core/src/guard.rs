@@ -44,6 +44,16 @@ impl CreateGuard {
         guarded().remove(&self.key);
         self.remove = None;
     }
+
+    /// Removes now (awaited, not from a drop), then disarms.
+    pub async fn discard(mut self) -> Result<()> {
+        let result = match self.remove.take() {
+            Some(remove) => remove().await,
+            None => Ok(()),
+        };
+        guarded().remove(&self.key);
+        result
+    }
 }
 
 impl Drop for CreateGuard {
@@ -123,7 +133,7 @@ fn register(entry: Guarded) -> u64 {
 
 /// Runs a cleanup from a `Drop`: blocking on a multi-thread runtime (so that it is done
 /// before the runtime can shut down), else on a thread of its own with its own runtime.
-fn cleanup_from_drop(cleanup: impl Future<Output = ()> + Send + 'static) {
+pub(crate) fn cleanup_from_drop(cleanup: impl Future<Output = ()> + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(|| handle.block_on(cleanup));

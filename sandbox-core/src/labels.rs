@@ -23,6 +23,18 @@ pub const OWNER_PID: &str = "sandbox.dev/owner-pid";
 pub const OWNER_START: &str = "sandbox.dev/owner-start";
 /// Unix time (seconds) after which the run may be reaped.
 pub const EXPIRES_AT: &str = "sandbox.dev/expires-at";
+/// On targets a [`crate::Pool`] created: the pool's key (a digest of the shape they were
+/// created with), kept after the claim.
+pub const POOL: &str = "sandbox.dev/pool";
+/// On pooled targets where the backend keeps the state in labels: [`POOL_WARMING`],
+/// [`POOL_READY`] or [`POOL_CLAIMED`].
+pub const POOL_STATE: &str = "sandbox.dev/pool-state";
+/// [`POOL_STATE`] while the target is created and checked.
+pub const POOL_WARMING: &str = "warming";
+/// [`POOL_STATE`] once the target answers and any process may claim it.
+pub const POOL_READY: &str = "ready";
+/// [`POOL_STATE`] once a run owns the target.
+pub const POOL_CLAIMED: &str = "claimed";
 
 /// Checks a label key against Kubernetes' rules: `[prefix/]name`, the name at most 63
 /// characters of `[A-Za-z0-9._-]` starting and ending alphanumeric, the prefix a DNS subdomain.

@@ -39,6 +39,7 @@ pub mod files;
 mod guard;
 mod helper;
 pub mod labels;
+mod pool;
 mod progress;
 pub mod raw;
 mod reap;
@@ -54,6 +55,7 @@ pub use exec::{
 pub use files::{ByteStream, FileReader};
 pub use guard::{RunGuard, stop_guarded_runs, stop_runs_on_signal};
 pub use helper::{EXEC_HELPER_ENV, ExecHelper, ExecPath, HELPER_DIR};
+pub use pool::{CLOSE_WAIT, OnEmpty, OnMismatch, Pool, PoolConfig, PoolStats, Warm};
 pub use progress::{CreateOptions, Progress, ProgressFn};
 pub use reap::{ReapReason, reap};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};

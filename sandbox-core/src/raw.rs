@@ -37,6 +37,7 @@ use crate::files::{self, ByteStream};
 use crate::guard::CreateGuard;
 use crate::helper::{self, ExecHelper, ExecPath, Session};
 use crate::labels::{self, Owner};
+use crate::pool::Warm;
 use crate::progress::{CreateOptions, Progress, ProgressFn};
 use crate::run::{Driver, Run, RunExt, RunInfo};
 use crate::spec::{ExecSpec, RunSpec, Stdin};
@@ -61,6 +62,12 @@ pub struct Plan<'a> {
     pub ca_pem: Option<String>,
     /// The spec, already validated and checked against the capabilities.
     pub spec: &'a RunSpec,
+    /// The pool key when the target is created ahead for a warm pool ([`crate::Pool`]):
+    /// the spec then holds only the pool's shape (no env, CA, host workspace or
+    /// post-create; those come after the claim). Such a target must also offer a writable
+    /// [`crate::ca::DIR`], so that the CA files can be written after the claim whatever
+    /// the user and under a read-only root. Also set on the plan of a claim.
+    pub pool: Option<String>,
     /// Where progress goes (the caller's callback, if any).
     progress: Option<ProgressFn>,
 }
@@ -73,6 +80,7 @@ impl fmt::Debug for Plan<'_> {
             .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
             .field("ca_pem", &self.ca_pem.is_some())
             .field("spec", &self.spec)
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }
@@ -146,6 +154,18 @@ pub trait RawStatus: Send + Sync + 'static {
     async fn status(&self) -> Result<ExitStatus>;
 }
 
+/// Where a pooled target stands ([`Backend::pool_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoolState {
+    /// Being created and checked.
+    Warming,
+    /// Answering, claimable by any process.
+    Ready,
+    /// Owned by a run.
+    Claimed,
+}
+
 /// What an engine supplies. Implement this; the [`Driver`] comes with it.
 ///
 /// Cheap to clone (a client handle): each run keeps a clone. Method names differ from
@@ -213,6 +233,56 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
     async fn before_stop(&self, _id: &str) -> Result<()> {
         Ok(())
     }
+
+    /// Warm pools ([`Capabilities::pool`]): the id a pooled target has in `state`, from its
+    /// run id. Default: the run id in every state (the state is kept in the
+    /// [`labels::POOL_STATE`] label). A backend whose labels cannot change keeps the state
+    /// in the name instead (Docker).
+    fn pool_id(&self, run_id: &str, state: PoolState) -> String {
+        let _ = state;
+        run_id.to_string()
+    }
+
+    /// Warm pools: makes the warmed target of `run_id` claimable by any process.
+    async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
+        let _ = run_id;
+        Err(Error::unsupported("pool", "warm pools"))
+    }
+
+    /// Warm pools: the run ids of the ready targets of pool `key`. Default: the running
+    /// targets labelled with the key and [`labels::POOL_READY`].
+    async fn pool_ready_targets(&self, key: &str) -> Result<Vec<String>> {
+        let selector = BTreeMap::from([
+            (labels::POOL.to_string(), key.to_string()),
+            (
+                labels::POOL_STATE.to_string(),
+                labels::POOL_READY.to_string(),
+            ),
+        ]);
+        Ok(self
+            .list_targets(&selector)
+            .await?
+            .into_iter()
+            .filter(|r| r.running)
+            .map(|r| r.id)
+            .collect())
+    }
+
+    /// Warm pools: claims the ready target of `plan.id` atomically (against every other
+    /// process): `Ok(true)` when this call won it, its id now `plan.id` and, where the
+    /// backend can relabel ([`Capabilities::pool_relabel`]), its labels `plan.labels`;
+    /// `Ok(false)` when it was gone or another claim won.
+    async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
+        let _ = plan;
+        Err(Error::unsupported("pool", "warm pools"))
+    }
+
+    /// Warm pools: removes the pooled target of `run_id` unless a run claimed it (idle
+    /// expiry, a dropped pool). Never removes a claimed target.
+    async fn pool_remove(&self, run_id: &str) -> Result<()> {
+        let _ = run_id;
+        Err(Error::unsupported("pool", "warm pools"))
+    }
 }
 
 /// How long core's liveness check may take.
@@ -260,13 +330,14 @@ impl<B: Backend> Driver for B {
             ca_pem,
             id,
             spec,
+            pool: None,
         };
         tracing::Instrument::instrument(create_run(self, plan), span).await
     }
 
     async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
         self.attach_target(id).await?;
-        Ok(Box::new(CoreRun::new(
+        Ok(Box::new(CoreRun::attached(
             self.clone(),
             id,
             ExecHelper::Auto.effective(),
@@ -280,6 +351,231 @@ impl<B: Backend> Driver for B {
     async fn remove(&self, id: &str) -> Result<()> {
         self.remove_target(id).await
     }
+
+    async fn pool_warm(&self, shape: &RunSpec, key: &str) -> Result<Warm> {
+        if !self.supports().pool {
+            return Err(Error::unsupported(
+                "pool",
+                "warm pools are not supported by this driver",
+            ));
+        }
+        shape.validate()?;
+        self.supports().check(shape)?;
+        let run_id = crate::run::new_run_id();
+        let id = self.pool_id(&run_id, PoolState::Warming);
+        let span = tracing::debug_span!("pool.warm", driver = B::NAME, run = %run_id, pool = %key);
+        let mut labels =
+            labels::run_labels(&run_id, Some(&Owner::current()), shape.ttl, &shape.labels);
+        labels.insert(labels::POOL.into(), key.into());
+        labels.insert(labels::POOL_STATE.into(), labels::POOL_WARMING.into());
+        let plan = Plan {
+            id: id.clone(),
+            labels,
+            env: Vec::new(),
+            ca_pem: None,
+            spec: shape,
+            pool: Some(key.to_string()),
+            progress: None,
+        };
+        let warm = async {
+            // Removes the target in whichever state it got to, unless someone claimed it;
+            // after the create, the returned `Warm` carries it.
+            let guard = {
+                let (backend, run_id) = (self.clone(), run_id.clone());
+                CreateGuard::new(move || {
+                    let (backend, run_id) = (backend.clone(), run_id.clone());
+                    async move { backend.pool_remove(&run_id).await }
+                })
+            };
+            let mode = shape.exec_helper.effective();
+            let run = CoreRun::new(self.clone(), &id, mode);
+            let ready = async {
+                bring_up(self, &plan, &run).await?;
+                self.pool_mark_ready(&run_id).await
+            }
+            .await;
+            if let Err(e) = ready {
+                if let Err(cleanup) = guard.discard().await {
+                    tracing::error!(run = %id, "could not remove the failed pooled target: {cleanup}");
+                }
+                return Err(e);
+            }
+            let pooled = guard;
+            let session = match &*run.helper.lock().await {
+                HelperState::Ready(s) => Some(s.clone()),
+                _ => None,
+            };
+            tracing::debug!(run = %run_id, "pooled target ready");
+            Ok(Warm::new(run_id.clone(), key, session, Some(pooled)))
+        };
+        tracing::Instrument::instrument(warm, span).await
+    }
+
+    async fn pool_ready(&self, key: &str) -> Result<Vec<String>> {
+        self.pool_ready_targets(key).await
+    }
+
+    async fn pool_claim(
+        &self,
+        warm: Warm,
+        spec: &RunSpec,
+        options: CreateOptions,
+    ) -> Result<Option<Box<dyn Run>>> {
+        spec.validate()?;
+        self.supports().check(spec)?;
+        let ca_pem = spec
+            .ca_bundle
+            .as_deref()
+            .map(crate::ca::parse_certificates)
+            .transpose()?;
+        let (run_id, key) = (warm.run_id().to_string(), warm.key().to_string());
+        let mut run_labels = labels::run_labels(
+            &run_id,
+            (!options.detached).then(Owner::current).as_ref(),
+            spec.ttl,
+            &spec.labels,
+        );
+        run_labels.insert(labels::POOL.into(), key.clone());
+        run_labels.insert(labels::POOL_STATE.into(), labels::POOL_CLAIMED.into());
+        let plan = Plan {
+            id: run_id.clone(),
+            labels: run_labels,
+            env: spec.run_env(),
+            ca_pem,
+            spec,
+            pool: Some(key),
+            progress: options.progress,
+        };
+        let span = tracing::debug_span!("pool.claim", driver = B::NAME, run = %run_id);
+        let claim = async {
+            let won = match self.pool_claim_target(&plan).await {
+                Ok(won) => won,
+                Err(e) => {
+                    // Unknown whether it is ours: remove it only if still unclaimed.
+                    if let Err(cleanup) = warm.discard().await {
+                        tracing::warn!(run = %run_id, "could not remove a pooled target: {cleanup}");
+                    }
+                    return Err(e);
+                }
+            };
+            if !won {
+                warm.release();
+                return Ok(None);
+            }
+            // Ours now: a dropped future or a failure removes it like a failed create.
+            let guard = {
+                let (backend, id) = (self.clone(), run_id.clone());
+                CreateGuard::new(move || {
+                    let (backend, id) = (backend.clone(), id.clone());
+                    async move { backend.remove_target(&id).await }
+                })
+            };
+            let session = warm.release();
+            let run = CoreRun::claimed(self.clone(), &plan, session);
+            if let Err(e) = claim_setup(self, &plan, &run).await {
+                if let Err(cleanup) = self.remove_target(&run_id).await {
+                    tracing::error!(run = %run_id, "could not remove the failed run: {cleanup}");
+                }
+                guard.disarm();
+                return Err(e);
+            }
+            guard.disarm();
+            tracing::debug!(run = %run_id, "pooled target claimed");
+            Ok(Some(Box::new(run) as Box<dyn Run>))
+        };
+        tracing::Instrument::instrument(claim, span).await
+    }
+}
+
+/// After a claim: everything run-specific the pooled target lacks, in the order a cold
+/// create applies it (CA files, workspace, working directory, post-create).
+async fn claim_setup<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) -> Result<()> {
+    let (spec, id) = (plan.spec, plan.id.as_str());
+    // First, so that a run attached from now on execs as this one does.
+    if let Some(Some(overlay)) = run.overlay.get() {
+        let json = serde_json::to_vec(overlay).map_err(|e| {
+            Error::new(ErrorKind::Backend, "cannot encode the run's settings").with_source(e)
+        })?;
+        let (dir, name) = files::split_file_path(OVERLAY_FILE)?;
+        let tar = files::tar_of_files(&[(name, &json, 0o600)])?;
+        if let Err(e) = backend
+            .put_tar(id, dir, files::byte_stream(tar.clone()))
+            .await
+        {
+            tracing::debug!(run = %id, "writing the run's settings through the helper ({e})");
+            run.put_archive(dir, files::byte_stream(tar)).await?;
+        }
+    }
+    if let Some(pem) = &plan.ca_pem {
+        plan.report(Progress::Step("installing the CA bundle".into()));
+        install_ca(backend, id, spec, pem).await?;
+    }
+    if let Some(dir) = &spec.workspace.host_dir {
+        plan.report(Progress::Step("copying the workspace in".into()));
+        let tar = files::tar_dir(dir).map_err(|e| e.with_field("workspace.host_dir"))?;
+        backend
+            .put_tar(id, &spec.workspace.path, files::byte_stream(tar))
+            .await?;
+    }
+    if let Some(dir) = &spec.working_dir
+        && *dir != spec.workspace.path
+    {
+        let tar = files::tar_of_dirs(&[dir])?;
+        backend.put_tar(id, "/", files::byte_stream(tar)).await?;
+    }
+    for (i, argv) in spec.post_create.iter().enumerate() {
+        let n = spec.post_create.len();
+        plan.report(Progress::Step(format!(
+            "post-create {}/{n}: {}",
+            i + 1,
+            argv[0]
+        )));
+    }
+    crate::run::run_post_create(run, spec).await
+}
+
+/// Writes the CA files into a running target through the backend's file transfer: the
+/// injected certificates and the full bundle in [`crate::ca::DIR`] (writable on every
+/// pooled target), and, where the image has a system bundle and the root is writable,
+/// the system bundle and the `update-ca-certificates` source (as far as the backend's
+/// user may write them; else the system store stays as the image has it).
+async fn install_ca<B: Backend>(backend: &B, id: &str, spec: &RunSpec, pem: &str) -> Result<()> {
+    use crate::ca;
+    let mut system = None;
+    for path in ca::SYSTEM_BUNDLES {
+        let Ok(tar) = backend.get_tar(id, path).await else {
+            continue;
+        };
+        let Ok(file) = files::file_from_tar_stream(tar, path).await else {
+            continue;
+        };
+        if let Ok(bytes) = file.read_all(files::FILE_LIMIT, path).await
+            && let Ok(text) = String::from_utf8(bytes)
+        {
+            system = Some((path, text));
+            break;
+        }
+    }
+    let bundle = ca::full_bundle(system.as_ref().map_or("", |(_, t)| t), pem);
+    let own = files::tar_of_files(&[
+        ("ca.pem", pem.as_bytes(), 0o644),
+        ("ca-bundle.pem", bundle.as_bytes(), 0o644),
+    ])?;
+    backend
+        .put_tar(id, ca::DIR, files::byte_stream(own))
+        .await?;
+    if let Some((path, _)) = system
+        && !spec.security.read_only_rootfs
+    {
+        let store = files::tar_of_files(&[
+            (path, bundle.as_bytes(), 0o644),
+            (ca::SYSTEM_EXTRA_DIR_FILE, pem.as_bytes(), 0o644),
+        ])?;
+        if let Err(e) = backend.put_tar(id, "/", files::byte_stream(store)).await {
+            tracing::debug!(run = %id, "the system trust store stays as the image has it: {e}");
+        }
+    }
+    Ok(())
 }
 
 /// The create sequence, once for every backend.
@@ -296,39 +592,7 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
     let mode = plan.spec.exec_helper.effective();
     let run = CoreRun::new(backend.clone(), &id, mode);
     let result = async {
-        backend.create_target(&plan).await?;
-        plan.report(Progress::Step("checking that the sandbox answers".into()));
-        // A greeting helper proves the target runs and answers with the run's user and
-        // working directory; without one, a plain exec does.
-        let helper_error = match mode {
-            ExecHelper::Off => None,
-            _ => match helper::start(backend, &id, true).await {
-                Ok(session) => {
-                    *run.helper.lock().await = HelperState::Ready(session);
-                    None
-                }
-                Err(e) => Some(e),
-            },
-        };
-        if let Some(e) = helper_error {
-            // The plain path from here on (the liveness check must not start a helper
-            // again); its errors say best why a target is unusable.
-            *run.helper.lock().await = HelperState::Plain;
-            check_alive(&run)
-                .await
-                .map_err(|alive| alive.with("exec_helper", &e))?;
-            if mode == ExecHelper::Required {
-                return Err(Error::new(
-                    ErrorKind::StartFailed,
-                    format!("the exec helper could not start: {e}"),
-                )
-                .with_field("exec_helper")
-                .with("run", &id));
-            }
-            tracing::info!(run = %id, "the exec helper could not start ({e}); using plain execs");
-        } else if mode == ExecHelper::Off {
-            check_alive(&run).await?;
-        }
+        bring_up(backend, &plan, &run).await?;
         backend.prepare_target(&plan).await?;
         for (i, argv) in plan.spec.post_create.iter().enumerate() {
             let n = plan.spec.post_create.len();
@@ -351,6 +615,48 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
     guard.disarm();
     tracing::debug!(run = %id, "run started");
     Ok(Box::new(run))
+}
+
+/// Creates the target of `plan` and checks that it answers: through the exec helper
+/// (its greeting), else a plain exec. `run`'s helper state is set from what worked.
+async fn bring_up<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) -> Result<()> {
+    let (id, mode) = (plan.id.as_str(), run.mode);
+    {
+        backend.create_target(plan).await?;
+        plan.report(Progress::Step("checking that the sandbox answers".into()));
+        // A greeting helper proves the target runs and answers with the run's user and
+        // working directory; without one, a plain exec does.
+        let helper_error = match mode {
+            ExecHelper::Off => None,
+            _ => match helper::start(backend, id, true).await {
+                Ok(session) => {
+                    *run.helper.lock().await = HelperState::Ready(session);
+                    None
+                }
+                Err(e) => Some(e),
+            },
+        };
+        if let Some(e) = helper_error {
+            // The plain path from here on (the liveness check must not start a helper
+            // again); its errors say best why a target is unusable.
+            *run.helper.lock().await = HelperState::Plain;
+            check_alive(run)
+                .await
+                .map_err(|alive| alive.with("exec_helper", &e))?;
+            if mode == ExecHelper::Required {
+                return Err(Error::new(
+                    ErrorKind::StartFailed,
+                    format!("the exec helper could not start: {e}"),
+                )
+                .with_field("exec_helper")
+                .with("run", id));
+            }
+            tracing::info!(run = %id, "the exec helper could not start ({e}); using plain execs");
+        } else if mode == ExecHelper::Off {
+            check_alive(run).await?;
+        }
+        Ok(())
+    }
 }
 
 /// A run is handed out only when its target runs and answers an exec with the run's own
@@ -422,6 +728,35 @@ pub(crate) struct CoreRun<B: Backend> {
     id: String,
     mode: ExecHelper,
     helper: tokio::sync::Mutex<HelperState>,
+    /// What a pooled run adds to every exec, since its target was created without it:
+    /// known at create and claim, read from the target ([`OVERLAY_FILE`]) by an attached
+    /// run's first exec.
+    overlay: tokio::sync::OnceCell<Option<Overlay>>,
+}
+
+/// Where a claimed pooled target keeps its run's settings, for runs attached later.
+const OVERLAY_FILE: &str = "/.runcell/run.json";
+
+/// The run-specific settings of a claimed pooled target, applied per exec.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Overlay {
+    /// The run's environment ([`RunSpec::run_env`]), before each exec's own.
+    env: Vec<(String, String)>,
+    /// The run's working directory, when it is not the target's default.
+    working_dir: Option<String>,
+    /// The host workspace and its path in the target, copied back at stop where cold
+    /// runs mount it live.
+    sync_back: Option<(std::path::PathBuf, String)>,
+}
+
+impl fmt::Debug for Overlay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Overlay")
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("working_dir", &self.working_dir)
+            .field("sync_back", &self.sync_back)
+            .finish()
+    }
 }
 
 impl<B: Backend> CoreRun<B> {
@@ -435,7 +770,68 @@ impl<B: Backend> CoreRun<B> {
             id: id.to_string(),
             mode,
             helper: tokio::sync::Mutex::new(state),
+            overlay: tokio::sync::OnceCell::new_with(Some(None)),
         }
+    }
+
+    /// An attached run: its overlay, if any, is read from the target when first needed.
+    fn attached(backend: B, id: &str, mode: ExecHelper) -> CoreRun<B> {
+        CoreRun {
+            overlay: tokio::sync::OnceCell::new(),
+            ..CoreRun::new(backend, id, mode)
+        }
+    }
+
+    /// The run's overlay (`None` for a run created cold).
+    async fn overlay(&self) -> Result<Option<&Overlay>> {
+        let overlay = self
+            .overlay
+            .get_or_try_init(|| async {
+                // The engine's own file transfer first (it reads as root on Docker, where
+                // the file was written so), then the run's (images without `tar`).
+                let tar = match self.backend.get_tar(&self.id, OVERLAY_FILE).await {
+                    Ok(tar) => tar,
+                    Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+                    Err(e) if e.kind() == ErrorKind::RunLost => return Err(e),
+                    Err(_) => match self.get_archive(OVERLAY_FILE).await {
+                        Ok(tar) => tar,
+                        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+                        Err(e) => return Err(e),
+                    },
+                };
+                let file = files::file_from_tar_stream(tar, OVERLAY_FILE).await?;
+                let json = file.read_all(1 << 20, OVERLAY_FILE).await?;
+                serde_json::from_slice(&json).map(Some).map_err(|e| {
+                    Error::new(ErrorKind::Backend, "the run's settings file is unreadable")
+                        .with("run", &self.id)
+                        .with_source(e)
+                })
+            })
+            .await?;
+        Ok(overlay.as_ref())
+    }
+
+    /// The run of a claimed pooled target: its helper session (if the pool's process
+    /// started one) and the run's settings as an overlay on every exec.
+    fn claimed(backend: B, plan: &Plan<'_>, session: Option<Arc<Session>>) -> CoreRun<B> {
+        let spec = plan.spec;
+        let mode = spec.exec_helper.effective();
+        let sync_back = spec
+            .workspace
+            .host_dir
+            .clone()
+            .filter(|_| backend.supports().workspace_mount)
+            .map(|dir| (dir, spec.workspace.path.clone()));
+        let mut run = CoreRun::new(backend, &plan.id, mode);
+        if let (Some(session), false) = (session, mode == ExecHelper::Off) {
+            run.helper = tokio::sync::Mutex::new(HelperState::Ready(session));
+        }
+        run.overlay = tokio::sync::OnceCell::new_with(Some(Some(Overlay {
+            env: plan.env.clone(),
+            working_dir: spec.working_dir.clone(),
+            sync_back,
+        })));
+        run
     }
 
     /// The live helper session, starting one when there is none (first exec of an
@@ -511,12 +907,18 @@ impl<B: Backend> Run for CoreRun<B> {
         }
         let span = tracing::debug_span!("run", run = %self.id);
         let marker = format!("{:016x}", rand::random::<u64>());
-        let mut env = spec.env.clone();
+        let overlay = self.overlay().await?;
+        let mut env = overlay.map(|o| o.env.clone()).unwrap_or_default();
+        env.extend(spec.env.iter().cloned());
         env.push((EXEC_ID_ENV.to_string(), marker.clone()));
+        let working_dir = spec
+            .working_dir
+            .clone()
+            .or_else(|| overlay.and_then(|o| o.working_dir.clone()));
         let raw = RawExec {
             argv: spec.argv.clone(),
             env,
-            working_dir: spec.working_dir.clone(),
+            working_dir,
             user: spec.user.clone(),
             stdin: spec.stdin.clone(),
         };
@@ -573,6 +975,24 @@ impl<B: Backend> Run for CoreRun<B> {
     }
 
     async fn stop(&self) -> Result<()> {
+        let sync_back = match self.overlay().await {
+            Ok(overlay) => overlay.and_then(|o| o.sync_back.clone()),
+            Err(e) => {
+                tracing::warn!(run = %self.id, "reading the run's settings: {e}");
+                None
+            }
+        };
+        if let Some((dir, path)) = &sync_back {
+            // A pooled run's workspace was copied in where a cold run mounts it: copy it
+            // back, so that the host sees what a mount would have shown.
+            let copied = async {
+                let tar = self.get_archive(path).await?;
+                files::unpack_into(tar, dir, 1).await
+            };
+            if let Err(e) = copied.await {
+                tracing::warn!(run = %self.id, "copying the workspace back: {e}");
+            }
+        }
         if let Err(e) = self.backend.before_stop(&self.id).await
             && e.kind() != ErrorKind::RunLost
         {

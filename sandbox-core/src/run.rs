@@ -10,6 +10,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{DEFAULT_OUTPUT_LIMIT, ExecOutput, ExecStream};
 use crate::files::{self, ByteStream};
 use crate::guard::RunGuard;
+use crate::pool::Warm;
 use crate::progress::CreateOptions;
 use crate::spec::{ExecSpec, RunSpec};
 
@@ -43,6 +44,46 @@ pub trait Driver: Send + Sync + fmt::Debug + 'static {
     /// Removes a run and everything created for it, without a grace period. Removing a
     /// run that does not exist succeeds.
     async fn remove(&self, id: &str) -> Result<()>;
+
+    /// Warm pools, step 1 (used by [`crate::Pool`]; every [`crate::raw::Backend`] with
+    /// [`Capabilities::pool`] has it): creates a target of `shape` (a spec with nothing
+    /// run-specific) for pool `key`, waits until it answers, and makes it claimable.
+    /// Dropping the returned [`Warm`] removes the target unless it was claimed.
+    async fn pool_warm(&self, shape: &RunSpec, key: &str) -> Result<Warm> {
+        let _ = (shape, key);
+        Err(Error::unsupported(
+            "pool",
+            "warm pools are not supported by this driver",
+        ))
+    }
+
+    /// Warm pools, step 2: the run ids of the targets of pool `key` that any process
+    /// made ready and nobody claimed yet.
+    async fn pool_ready(&self, key: &str) -> Result<Vec<String>> {
+        let _ = key;
+        Err(Error::unsupported(
+            "pool",
+            "warm pools are not supported by this driver",
+        ))
+    }
+
+    /// Warm pools, step 3: claims `warm` atomically for a run of `spec` (validated,
+    /// capability-checked and of the pool's shape), then applies everything run-specific
+    /// (env, proxy, CA files, working directory, workspace, post-create, and labels where
+    /// [`Capabilities::pool_relabel`]). `Ok(None)`: another claim won the target. On an
+    /// error after the claim, the target is removed.
+    async fn pool_claim(
+        &self,
+        warm: Warm,
+        spec: &RunSpec,
+        options: CreateOptions,
+    ) -> Result<Option<Box<dyn Run>>> {
+        let _ = (warm, spec, options);
+        Err(Error::unsupported(
+            "pool",
+            "warm pools are not supported by this driver",
+        ))
+    }
 }
 
 /// One live sandbox. Every exec enters the same target.

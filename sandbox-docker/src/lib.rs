@@ -50,7 +50,7 @@ use bollard::query_parameters::{
 };
 use futures::{StreamExt, TryStreamExt};
 use runcell_core::labels;
-use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
+use runcell_core::raw::{Backend, Plan, PoolState, RawExec, RawProcess};
 use runcell_core::{
     ByteStream, Capabilities, Driver, DriverConfig, Error, ErrorKind, Progress, PullPolicy, Result,
     RunInfo, RunSpec, ca, files,
@@ -313,6 +313,7 @@ impl DockerDriver {
             .stdin_streaming(true)
             .attach(true)
             .system_trust_store(true)
+            .pool(true)
     }
 
     /// Names the daemon address in errors that say it could not be reached.
@@ -530,7 +531,20 @@ impl Backend for DockerDriver {
         let spec = plan.spec;
         self.ensure_image(plan).await?;
         plan.report(Progress::Step("creating the container".into()));
-        let body = container_body(spec, &plan.labels);
+        let mut body = container_body(spec, &plan.labels);
+        if plan.pool.is_some() {
+            // A pooled container gets its CA files after the claim, through the archive
+            // API: a volume keeps that place writable under a read-only root.
+            if let Some(mounts) = body.host_config.as_mut().and_then(|h| h.mounts.as_mut())
+                && !mounts.iter().any(|m| m.target.as_deref() == Some(ca::DIR))
+            {
+                mounts.push(bollard::models::Mount {
+                    typ: Some(bollard::models::MountType::VOLUME),
+                    target: Some(ca::DIR.to_string()),
+                    ..Default::default()
+                });
+            }
+        }
         let options = CreateContainerOptionsBuilder::default()
             .name(&plan.id)
             .build();
@@ -588,8 +602,12 @@ impl Backend for DockerDriver {
             .into_iter()
             .filter_map(|c| {
                 let labels: BTreeMap<String, String> = c.labels?.into_iter().collect();
+                labels.get(labels::RUN_ID)?;
+                // The name, not the run-id label: a pooled container is renamed as its
+                // state changes (see `pool_id`), and its labels cannot change.
+                let name = c.names?.first()?.trim_start_matches('/').to_string();
                 Some(RunInfo {
-                    id: labels.get(labels::RUN_ID)?.clone(),
+                    id: name,
                     running: !matches!(
                         c.state.map(|s| s.to_string()).as_deref(),
                         Some("exited" | "dead")
@@ -622,6 +640,93 @@ impl Backend for DockerDriver {
         get_archive(&self.docker, id, path)
             .await
             .map_err(|e| self.locate(e))
+    }
+
+    /// Docker labels cannot change, so a pooled container's state is its name:
+    /// `sbxw-<hex>` while warming, `sbxp-<hex>` when ready, the run id `sbx-<hex>` once
+    /// claimed. A claim renames `sbxp-<hex>` to `sbx-<hex>`: the daemon resolves the old
+    /// name and reserves the new one under the container's lock, so of two claims one
+    /// gets "no such container" or "same name", never the container as well.
+    fn pool_id(&self, run_id: &str, state: PoolState) -> String {
+        let hex = run_id.strip_prefix("sbx-").unwrap_or(run_id);
+        match state {
+            PoolState::Warming => format!("sbxw-{hex}"),
+            PoolState::Ready => format!("sbxp-{hex}"),
+            _ => run_id.to_string(),
+        }
+    }
+
+    async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
+        let (from, to) = (
+            self.pool_id(run_id, PoolState::Warming),
+            self.pool_id(run_id, PoolState::Ready),
+        );
+        self.docker
+            .rename_container(
+                &from,
+                bollard::query_parameters::RenameContainerOptions { name: to },
+            )
+            .await
+            .map_err(|e| self.locate(error::map("rename container", e).with("run", run_id)))
+    }
+
+    async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
+        let from = self.pool_id(&plan.id, PoolState::Ready);
+        match self
+            .docker
+            .rename_container(
+                &from,
+                bollard::query_parameters::RenameContainerOptions {
+                    name: plan.id.clone(),
+                },
+            )
+            .await
+        {
+            Ok(()) => Ok(true),
+            // Gone, already renamed by another claim, or its new name taken.
+            Err(e) if matches!(error::status(&e), Some(400 | 404 | 409)) => Ok(false),
+            Err(e) => {
+                Err(self.locate(error::map("claim (rename) container", e).with("run", &plan.id)))
+            }
+        }
+    }
+
+    async fn pool_ready_targets(&self, key: &str) -> Result<Vec<String>> {
+        let filters = HashMap::from([
+            (
+                "label".to_string(),
+                vec![
+                    format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE),
+                    format!("{}={key}", labels::POOL),
+                ],
+            ),
+            ("name".to_string(), vec!["^/sbxp-".to_string()]),
+        ]);
+        let options = ListContainersOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        let containers = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| self.locate(error::map("list containers", e)))?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let name = c.names?.into_iter().next()?;
+                let hex = name.strip_prefix("/sbxp-")?;
+                Some(format!("sbx-{hex}"))
+            })
+            .collect())
+    }
+
+    async fn pool_remove(&self, run_id: &str) -> Result<()> {
+        for state in [PoolState::Ready, PoolState::Warming] {
+            remove_container(&self.docker, &self.pool_id(run_id, state))
+                .await
+                .map_err(|e| self.locate(e))?;
+        }
+        Ok(())
     }
 
     async fn diagnose(&self, id: &str) -> Vec<(&'static str, String)> {

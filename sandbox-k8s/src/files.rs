@@ -137,7 +137,7 @@ impl K8sDriver {
 
     /// Copies the host directory's content into the pod's workspace.
     pub(crate) async fn seed_workspace(&self, id: &str, host_dir: &Path, path: &str) -> Result<()> {
-        self.put_tar_by_exec(id, path, files::byte_stream(tar_dir(host_dir)?))
+        self.put_tar_by_exec(id, path, files::byte_stream(files::tar_dir(host_dir)?))
             .await
     }
 
@@ -161,23 +161,7 @@ impl K8sDriver {
         if !out.status.success() || out.stdout_truncated() {
             return Err(tar_error(&out, &state.workspace, run_id));
         }
-        let mut archive = tar::Archive::new(&out.stdout[..]);
-        let bad = |e: std::io::Error| {
-            Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
-        };
-        for entry in archive.entries().map_err(bad)? {
-            let mut entry = entry.map_err(bad)?;
-            // Only files and directories, and only inside `dir`: the archive comes from
-            // the sandbox and may hold links meant to write elsewhere on the host.
-            match entry.header().entry_type() {
-                tar::EntryType::Regular | tar::EntryType::Directory => {
-                    entry.unpack_in(dir).map_err(bad)?;
-                }
-                other => {
-                    tracing::debug!(run = %run_id, ?other, "workspace sync skips a non-regular entry")
-                }
-            }
-        }
+        files::unpack_into(files::byte_stream(out.stdout), dir, 0).await?;
         Ok(())
     }
 }
@@ -211,20 +195,4 @@ fn tar_error(out: &ExecOutput, path: &str, run: &str) -> Error {
     )
     .with("run", run)
     .with("path", path)
-}
-
-/// A tar of the directory's content (paths relative to it).
-fn tar_dir(dir: &Path) -> Result<Vec<u8>> {
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
-    builder
-        .append_dir_all(".", dir)
-        .and_then(|_| builder.into_inner())
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Backend,
-                format!("cannot archive {}", dir.display()),
-            )
-            .with_source(e)
-        })
 }

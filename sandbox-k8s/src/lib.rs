@@ -73,7 +73,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use runcell_core::labels;
 use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
@@ -238,11 +238,13 @@ impl Backend for K8sDriver {
             .stdin_streaming(!self.framed_stdin)
             .attach(true)
             .system_trust_store(true)
+            .pool(true)
+            .pool_relabel(true)
     }
 
     async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
         let (spec, id) = (plan.spec, plan.id.as_str());
-        let (pod, secret) = run_objects(
+        let (mut pod, secret) = run_objects(
             spec,
             id,
             &self.namespace,
@@ -250,6 +252,9 @@ impl Backend for K8sDriver {
             plan.ca_pem.as_deref(),
             &self.config.template,
         )?;
+        if plan.pool.is_some() {
+            pod::add_ca_dir(&mut pod);
+        }
         self.remember(
             id,
             RunState::new(
@@ -407,6 +412,116 @@ impl Backend for K8sDriver {
                 ),
             ))
         }
+    }
+
+    async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
+        let patch = serde_json::json!({
+            "metadata": { "labels": { (labels::POOL_STATE): labels::POOL_READY } }
+        });
+        self.pods()
+            .patch(run_id, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| error::map("mark the pooled pod ready", e).with("run", run_id))
+    }
+
+    /// One merge patch guarded by the pod's resourceVersion: it moves the pod from
+    /// ready to claimed and gives it the run's labels (the library's keys the run lacks,
+    /// such as the owner of a detached run, are removed) and host-directory annotation.
+    /// A conflict means another claim (or any change) came first: not ours.
+    async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
+        let id = plan.id.as_str();
+        let Some(pod) = self
+            .pods()
+            .get_opt(id)
+            .await
+            .map_err(|e| error::map("get pod", e).with("run", id))?
+        else {
+            return Ok(false);
+        };
+        let current = pod.metadata.labels.clone().unwrap_or_default();
+        if current.get(labels::POOL_STATE).map(String::as_str) != Some(labels::POOL_READY)
+            || pod.metadata.deletion_timestamp.is_some()
+        {
+            return Ok(false);
+        }
+        let mut new_labels = serde_json::Map::new();
+        for key in current.keys().filter(|k| k.starts_with(labels::PREFIX)) {
+            new_labels.insert(key.clone(), serde_json::Value::Null);
+        }
+        for (k, v) in &plan.labels {
+            new_labels.insert(k.clone(), serde_json::Value::String(v.clone()));
+        }
+        let mut metadata = serde_json::json!({
+            "resourceVersion": pod.metadata.resource_version,
+            "labels": new_labels,
+        });
+        if let Some(dir) = &plan.spec.workspace.host_dir {
+            metadata["annotations"] =
+                serde_json::json!({ (pod::HOST_DIR_ANNOTATION): dir.display().to_string() });
+        }
+        let patch = serde_json::json!({ "metadata": metadata });
+        match self
+            .pods()
+            .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                // Read again from the pod when next needed (host directory).
+                self.forget(id);
+                Ok(true)
+            }
+            Err(e) if matches!(error::code(&e), Some(404 | 409)) => Ok(false),
+            Err(e) => Err(error::map("claim the pooled pod", e).with("run", id)),
+        }
+    }
+
+    /// Deletes the pod only while it is warming or ready, with the resourceVersion read as
+    /// a precondition, so that a claim in between wins and the run keeps its pod.
+    async fn pool_remove(&self, run_id: &str) -> Result<()> {
+        for _ in 0..8 {
+            let Some(pod) = self
+                .pods()
+                .get_opt(run_id)
+                .await
+                .map_err(|e| error::map("get pod", e).with("run", run_id))?
+            else {
+                return Ok(());
+            };
+            let state = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::POOL_STATE).cloned());
+            if !matches!(
+                state.as_deref(),
+                Some(labels::POOL_READY | labels::POOL_WARMING)
+            ) {
+                return Ok(());
+            }
+            let delete = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    resource_version: pod.metadata.resource_version.clone(),
+                    uid: None,
+                }),
+                ..DeleteParams::background()
+            };
+            match self.pods().delete(run_id, &delete).await {
+                Ok(_) => {
+                    self.forget(run_id);
+                    return Ok(());
+                }
+                Err(e) if error::code(&e) == Some(404) => return Ok(()),
+                Err(e) if error::code(&e) == Some(409) => continue,
+                Err(e) => return Err(error::map("delete pooled pod", e).with("run", run_id)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the pooled pod kept changing; not removed",
+        )
+        .with("run", run_id))
     }
 
     async fn before_stop(&self, id: &str) -> Result<()> {

@@ -283,6 +283,31 @@ fn parse_user(user: &str) -> Result<(Option<i64>, Option<i64>)> {
     Ok((Some(uid), gid))
 }
 
+/// Gives a pooled pod a writable [`ca::DIR`] (an `emptyDir`), where the CA files go after
+/// the claim whatever the user, under a read-only root too. A no-op when it has one.
+pub fn add_ca_dir(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let Some(container) = spec.containers.iter_mut().find(|c| c.name == CONTAINER) else {
+        return;
+    };
+    let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+    if mounts.iter().any(|m| m.mount_path == ca::DIR) {
+        return;
+    }
+    mounts.push(VolumeMount {
+        name: "sandbox-etc".into(),
+        mount_path: ca::DIR.into(),
+        ..Default::default()
+    });
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: "sandbox-etc".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

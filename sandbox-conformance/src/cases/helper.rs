@@ -14,7 +14,7 @@ use super::robustness::{process_lines, wait_gone};
 use crate::{Context, no_tar_image, sh_ok, sh_stdout};
 
 /// The path the environment asks for, if it asks.
-fn wanted_path() -> Option<ExecPath> {
+pub(crate) fn wanted_path() -> Option<ExecPath> {
     match std::env::var(EXEC_HELPER_ENV).as_deref() {
         Ok("required" | "helper") => Some(ExecPath::Helper),
         Ok("off" | "plain") => Some(ExecPath::Plain),

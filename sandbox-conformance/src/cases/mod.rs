@@ -12,6 +12,7 @@ mod files;
 mod helper;
 mod hostile;
 mod lifecycle;
+mod pool;
 mod robustness;
 mod workspace;
 
@@ -23,6 +24,7 @@ pub use files::*;
 pub use helper::*;
 pub use hostile::*;
 pub use lifecycle::*;
+pub use pool::*;
 pub use robustness::*;
 pub use workspace::*;
 
@@ -41,6 +43,10 @@ macro_rules! case {
 
 fn files(c: &Capabilities) -> bool {
     c.files
+}
+
+fn pool(c: &Capabilities) -> bool {
+    c.pool
 }
 
 /// Every case, with the capabilities it needs.
@@ -92,6 +98,13 @@ pub static CASES: &[Case] = &[
     case!(orphans_do_not_become_zombies),
     case!(stop_is_fast),
     case!(reap_removes_runs_of_a_killed_owner),
+    case!(a_pooled_run_gets_its_own_settings, pool),
+    case!(concurrent_claims_from_two_processes_never_share, pool),
+    case!(an_exhausted_pool_errors_or_falls_back, pool),
+    case!(a_spec_of_another_shape_is_refused_or_cold, pool),
+    case!(dropping_a_pool_leaves_nothing, pool),
+    case!(idle_pooled_targets_are_replaced, pool),
+    case!(reap_removes_the_pool_of_a_killed_owner, pool),
     case!(signal_to_owner_stops_its_runs),
     case!(ttl_expired_runs_are_reaped, |c| c.ttl),
     case!(memory_limit_is_honoured_or_unsupported),
