@@ -1,20 +1,4 @@
-//! Warm pools: targets created ahead of time, so that a run starts in the time of a claim
-//! instead of a container or pod start.
-//!
-//! A [`Pool`] is keyed by the create-time *shape* of a [`RunSpec`]: image, pull policy,
-//! workspace path, user, resources, network, security, exec helper mode, and the pool's
-//! labels and TTL. It keeps [`PoolConfig::min_ready`] targets of that shape ready (the
-//! helper answers), refilled in the background. [`Pool::start`] claims one atomically (no
-//! other process or pool can get the same target) and then applies everything
-//! run-specific, which is never baked into a pooled target: env, proxy, CA files and trust
-//! store, working directory, host workspace (copied in), post-create, and, where the
-//! driver can relabel ([`crate::Capabilities::pool_relabel`]), the run's labels, owner
-//! and TTL. A target serves one run only: it is removed when the run stops.
-//!
-//! Pools with the same shape share their targets across processes: a pool that has
-//! nothing ready of its own claims what another process made ready. Pooled targets carry
-//! owner labels like runs, so [`crate::reap`] removes those of a killed process, and a
-//! dropped pool removes its unclaimed targets.
+//! Warm pools: see [`Pool`].
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -270,7 +254,23 @@ impl Inner {
     }
 }
 
-/// A warm pool of one shape on one driver. See the [module docs](self).
+/// Warm pools: targets created ahead of time, so that a run starts in the time of a claim
+/// instead of a container or pod start.
+///
+/// A [`Pool`] is keyed by the create-time *shape* of a [`RunSpec`]: image, pull policy,
+/// workspace path, user, resources, network, security, exec helper mode, and the pool's
+/// labels and TTL. It keeps [`PoolConfig::min_ready`] targets of that shape ready (the
+/// helper answers), refilled in the background. [`Pool::start`] claims one atomically (no
+/// other process or pool can get the same target) and then applies everything
+/// run-specific, which is never baked into a pooled target: env, proxy, CA files and trust
+/// store, working directory, host workspace (copied in), post-create, and, where the
+/// driver can relabel ([`crate::Capabilities::pool_relabel`]), the run's labels, owner
+/// and TTL. A target serves one run only: it is removed when the run stops.
+///
+/// Pools with the same shape share their targets across processes: a pool that has
+/// nothing ready of its own claims what another process made ready. Pooled targets carry
+/// owner labels like runs, so [`crate::reap`] removes those of a killed process, and a
+/// dropped pool removes its unclaimed targets.
 ///
 /// Needs a Tokio runtime (it refills in a background task). Dropping it removes its
 /// unclaimed targets (blocking, like a dropped [`RunGuard`]); prefer [`Pool::shutdown`].
@@ -294,8 +294,8 @@ impl fmt::Debug for Pool {
 static POOL_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Pool {
-    /// A pool of `spec`'s shape on `driver`. Only the shape fields of `spec` matter (see the
-    /// [module docs](self)); its run-specific fields are ignored. Errors, before anything
+    /// A pool of `spec`'s shape on `driver`. Only the shape fields of `spec` matter (see
+    /// [`Pool`]); its run-specific fields are ignored. Errors, before anything
     /// is created: an invalid spec or config (naming the field), a driver without
     /// [`crate::Capabilities::pool`], or no Tokio runtime.
     pub fn new(driver: Arc<dyn Driver>, spec: &RunSpec, config: PoolConfig) -> Result<Pool> {

@@ -498,12 +498,9 @@ async fn claim_setup<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>)
         })?;
         let (dir, name) = files::split_file_path(OVERLAY_FILE)?;
         let tar = files::tar_of_files(&[(name, &json, 0o600)])?;
-        if let Err(e) = backend
-            .put_tar(id, dir, files::byte_stream(tar.clone()))
-            .await
-        {
-            tracing::debug!(run = %id, "writing the run's settings through the helper ({e})");
-            run.put_archive(dir, files::byte_stream(tar)).await?;
+        if let Err(e) = run.put_archive(dir, files::byte_stream(tar.clone())).await {
+            tracing::debug!(run = %id, "writing the run's settings through the engine ({e})");
+            backend.put_tar(id, dir, files::byte_stream(tar)).await?;
         }
     }
     if let Some(pem) = &plan.ca_pem {
@@ -787,13 +784,14 @@ impl<B: Backend> CoreRun<B> {
         let overlay = self
             .overlay
             .get_or_try_init(|| async {
-                // The engine's own file transfer first (it reads as root on Docker, where
-                // the file was written so), then the run's (images without `tar`).
-                let tar = match self.backend.get_tar(&self.id, OVERLAY_FILE).await {
+                // Through the helper first (no `tar` needed, no extra engine exec), then
+                // the engine's own transfer (which reads as root where a non-root helper
+                // may not).
+                let tar = match self.get_archive(OVERLAY_FILE).await {
                     Ok(tar) => tar,
                     Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
                     Err(e) if e.kind() == ErrorKind::RunLost => return Err(e),
-                    Err(_) => match self.get_archive(OVERLAY_FILE).await {
+                    Err(_) => match self.backend.get_tar(&self.id, OVERLAY_FILE).await {
                         Ok(tar) => tar,
                         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
                         Err(e) => return Err(e),

@@ -185,6 +185,8 @@ fn main() -> Result<()> {
                     with(&[(HELPER_ENV, "off")]),
                 ),
                 Suite::new("audit", "audit", &audit, with(&[])),
+                // Every run of the suite from a warm pool's target (claimed, then set up).
+                Suite::new("docker/pooled", "docker", &ours, with(&[(POOLED_ENV, "1")])),
             ])?;
             // The cluster goes down again whatever happened, unless asked to stay.
             let k8s_result = k8s::up().and_then(|kubeconfig| k8s_tests(&kubeconfig, &session));
@@ -227,9 +229,12 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
         Suite::new("k8s/helper", "k8s", &ours, env("required", false)),
         Suite::new("k8s/plain", "k8s", &ours, env("off", false)),
     ])?;
+    let mut pooled = env("auto", false);
+    pooled.push((POOLED_ENV, "1".into()));
     sessions.extend(suites_side_by_side(&[
         Suite::new("k8s-v4/helper", "k8s", &ours, env("required", true)),
         Suite::new("k8s-v4/plain", "k8s", &ours, env("off", true)),
+        Suite::new("k8s/pooled", "k8s", &ours, pooled),
     ])?);
     for sub in sessions {
         k8s::assert_no_leftovers(admin, &sub)?;
@@ -249,6 +254,10 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
 /// The variable the conformance harness takes its session label value from
 /// (`runcell_conformance::harness::SESSION_ENV`; xtask does not link the suite).
 const SESSION_ENV: &str = "SANDBOX_CONFORMANCE_SESSION";
+
+/// Non-empty: the harness takes every run of the suite from a warm pool
+/// (`runcell_conformance::harness::POOLED_ENV`).
+const POOLED_ENV: &str = "SANDBOX_CONFORMANCE_POOLED";
 
 /// The exec path variable of core (`runcell_core::EXEC_HELPER_ENV`): `required` puts
 /// every run through the in-sandbox helper, `off` on one engine exec per command.
