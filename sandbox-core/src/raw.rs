@@ -459,7 +459,11 @@ impl<B: Backend> Driver for B {
                 }
             };
             if !won {
-                warm.release();
+                // Removed only if nobody holds it (a claim that lost to nothing, such as a
+                // conflict with a status update, must not leave it behind).
+                if let Err(e) = warm.discard().await {
+                    tracing::warn!(run = %run_id, "could not remove a pooled target: {e}");
+                }
                 return Ok(None);
             }
             // Ours now: a dropped future or a failure removes it like a failed create.
@@ -473,11 +477,7 @@ impl<B: Backend> Driver for B {
             let session = warm.release();
             let run = CoreRun::claimed(self.clone(), &plan, session);
             if let Err(e) = claim_setup(self, &plan, &run).await {
-                if let Err(cleanup) = self.remove_target(&run_id).await {
-                    tracing::error!(run = %run_id, "could not remove the failed run: {cleanup}");
-                }
-                guard.disarm();
-                return Err(e);
+                return Err(remove_failed(self, &run_id, guard, e).await);
             }
             guard.disarm();
             tracing::debug!(run = %run_id, "pooled target claimed");
@@ -603,15 +603,21 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
     }
     .await;
     if let Err(e) = result {
-        if let Err(cleanup) = backend.remove_target(&id).await {
-            tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
-        }
-        guard.disarm();
-        return Err(e);
+        return Err(remove_failed(backend, &id, guard, e).await);
     }
     guard.disarm();
     tracing::debug!(run = %id, "run started");
     Ok(Box::new(run))
+}
+
+/// Removes a run whose create (or claim) failed with `e`, then disarms its guard;
+/// returns `e`.
+async fn remove_failed<B: Backend>(backend: &B, id: &str, guard: CreateGuard, e: Error) -> Error {
+    if let Err(cleanup) = backend.remove_target(id).await {
+        tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
+    }
+    guard.disarm();
+    e
 }
 
 /// Creates the target of `plan` and checks that it answers: through the exec helper
@@ -659,9 +665,23 @@ async fn bring_up<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) ->
 /// A run is handed out only when its target runs and answers an exec with the run's own
 /// user and working directory.
 async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
-    let probe = run
-        .exec(ExecSpec::new(["sh", "-c", ":"]).timeout(LIVENESS_TIMEOUT))
-        .await;
+    let probe = run.exec(ExecSpec::new(["sh", "-c", ":"]).timeout(LIVENESS_TIMEOUT));
+    // A keep-alive that exits while the probe starts may leave the probe waiting on an
+    // engine that never answers: watch the target meanwhile, and stop at once if it is gone.
+    let gone = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Err(e) = run.backend.attach_target(&run.id).await
+                && e.kind() == ErrorKind::RunLost
+            {
+                return e;
+            }
+        }
+    };
+    let probe = tokio::select! {
+        probe = probe => probe,
+        lost = gone => Err(lost),
+    };
     let failed = |message: String| Error::new(ErrorKind::StartFailed, message).with("run", &run.id);
     match probe {
         Ok(out) if out.status.success() => Ok(()),

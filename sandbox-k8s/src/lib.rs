@@ -431,49 +431,55 @@ impl Backend for K8sDriver {
     /// A conflict means another claim (or any change) came first: not ours.
     async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
         let id = plan.id.as_str();
-        let Some(pod) = self
-            .pods()
-            .get_opt(id)
-            .await
-            .map_err(|e| error::map("get pod", e).with("run", id))?
-        else {
-            return Ok(false);
-        };
-        let current = pod.metadata.labels.clone().unwrap_or_default();
-        if current.get(labels::POOL_STATE).map(String::as_str) != Some(labels::POOL_READY)
-            || pod.metadata.deletion_timestamp.is_some()
-        {
-            return Ok(false);
-        }
-        let mut new_labels = serde_json::Map::new();
-        for key in current.keys().filter(|k| k.starts_with(labels::PREFIX)) {
-            new_labels.insert(key.clone(), serde_json::Value::Null);
-        }
-        for (k, v) in &plan.labels {
-            new_labels.insert(k.clone(), serde_json::Value::String(v.clone()));
-        }
-        let mut metadata = serde_json::json!({
-            "resourceVersion": pod.metadata.resource_version,
-            "labels": new_labels,
-        });
-        if let Some(dir) = &plan.spec.workspace.host_dir {
-            metadata["annotations"] =
-                serde_json::json!({ (pod::HOST_DIR_ANNOTATION): dir.display().to_string() });
-        }
-        let patch = serde_json::json!({ "metadata": metadata });
-        match self
-            .pods()
-            .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                // Read again from the pod when next needed (host directory).
-                self.forget(id);
-                Ok(true)
+        // A conflict is also any other change (the node updating the pod's status): read
+        // again and retry while the pod is still ready.
+        for _ in 0..8 {
+            let Some(pod) = self
+                .pods()
+                .get_opt(id)
+                .await
+                .map_err(|e| error::map("get pod", e).with("run", id))?
+            else {
+                return Ok(false);
+            };
+            let current = pod.metadata.labels.clone().unwrap_or_default();
+            if current.get(labels::POOL_STATE).map(String::as_str) != Some(labels::POOL_READY)
+                || pod.metadata.deletion_timestamp.is_some()
+            {
+                return Ok(false);
             }
-            Err(e) if matches!(error::code(&e), Some(404 | 409)) => Ok(false),
-            Err(e) => Err(error::map("claim the pooled pod", e).with("run", id)),
+            let mut new_labels = serde_json::Map::new();
+            for key in current.keys().filter(|k| k.starts_with(labels::PREFIX)) {
+                new_labels.insert(key.clone(), serde_json::Value::Null);
+            }
+            for (k, v) in &plan.labels {
+                new_labels.insert(k.clone(), serde_json::Value::String(v.clone()));
+            }
+            let mut metadata = serde_json::json!({
+                "resourceVersion": pod.metadata.resource_version,
+                "labels": new_labels,
+            });
+            if let Some(dir) = &plan.spec.workspace.host_dir {
+                metadata["annotations"] =
+                    serde_json::json!({ (pod::HOST_DIR_ANNOTATION): dir.display().to_string() });
+            }
+            let patch = serde_json::json!({ "metadata": metadata });
+            match self
+                .pods()
+                .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    // Read again from the pod when next needed (host directory).
+                    self.forget(id);
+                    return Ok(true);
+                }
+                Err(e) if error::code(&e) == Some(404) => return Ok(false),
+                Err(e) if error::code(&e) == Some(409) => continue,
+                Err(e) => return Err(error::map("claim the pooled pod", e).with("run", id)),
+            }
         }
+        Ok(false)
     }
 
     /// Deletes the pod only while it is warming or ready, with the resourceVersion read as

@@ -13,7 +13,7 @@ use runcell_core::{
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::harness::{CLAIMS_ENV, OwnerMode};
-use crate::{Context, TEST_CA};
+use crate::{Context, TEST_CA, sh_stdout};
 
 const READY: Duration = Duration::from_secs(180);
 
@@ -21,15 +21,10 @@ fn pool(cx: &Context, config: PoolConfig) -> anyhow::Result<Pool> {
     Ok(Pool::new(cx.driver.clone(), &cx.spec(), config)?)
 }
 
-async fn sh(run: &dyn runcell_core::Run, script: &str) -> anyhow::Result<String> {
-    let out = run.exec(ExecSpec::new(["sh", "-c", script])).await?;
-    ensure!(
-        out.status.success(),
-        "{script}: {} {}",
-        out.status,
-        out.stderr_str()
-    );
-    Ok(out.stdout_str().trim_end().to_string())
+/// The ids of what the backend holds with the case's labels.
+async fn case_ids(cx: &Context) -> anyhow::Result<BTreeSet<String>> {
+    let runs = cx.driver.list(&cx.case_selector()).await?;
+    Ok(runs.into_iter().map(|r| r.id).collect())
 }
 
 /// A run claimed from a pool has everything run-specific the spec asks for (env, proxy,
@@ -58,15 +53,15 @@ pub async fn a_pooled_run_gets_its_own_settings(cx: &Context) -> anyhow::Result<
     let run = pool.start(&spec).await?;
     let stats = pool.stats();
     ensure!(stats.hits == 1 && stats.misses == 0, "{stats:?}");
-    ensure!(sh(&*run, "echo $RUN_SETTING").await? == "pooled value");
+    ensure!(sh_stdout(&*run, "echo $RUN_SETTING").await? == "pooled value");
     ensure!(
-        sh(&*run, "echo $HTTP_PROXY $http_proxy").await?
+        sh_stdout(&*run, "echo $HTTP_PROXY $http_proxy").await?
             == "http://proxy.invalid:3128 http://proxy.invalid:3128"
     );
-    ensure!(sh(&*run, "pwd").await? == "/workspace/sub/dir");
-    ensure!(sh(&*run, "cat /workspace/from-host.txt").await? == "seeded");
-    ensure!(sh(&*run, "cat /workspace/setup.txt").await? == "made-by-post-create");
-    let ca = sh(&*run, "cat $SSL_CERT_FILE").await?;
+    ensure!(sh_stdout(&*run, "pwd").await? == "/workspace/sub/dir");
+    ensure!(sh_stdout(&*run, "cat /workspace/from-host.txt").await? == "seeded");
+    ensure!(sh_stdout(&*run, "cat /workspace/setup.txt").await? == "made-by-post-create");
+    let ca = sh_stdout(&*run, "cat $SSL_CERT_FILE").await?;
     ensure!(
         ca.contains(TEST_CA.lines().nth(1).unwrap_or_default()),
         "the bundle lacks the CA"
@@ -82,7 +77,10 @@ pub async fn a_pooled_run_gets_its_own_settings(cx: &Context) -> anyhow::Result<
     ensure!(out.stdout_str() == "exec\n/tmp\n", "{:?}", out.stdout_str());
     // Attached from elsewhere, the run execs the same way.
     let attached = cx.driver.attach(run.id()).await?;
-    ensure!(sh(&*attached, "echo $RUN_SETTING; pwd").await? == "pooled value\n/workspace/sub/dir");
+    ensure!(
+        sh_stdout(&*attached, "echo $RUN_SETTING; pwd").await?
+            == "pooled value\n/workspace/sub/dir"
+    );
     if let Some(wanted) = super::helper::wanted_path() {
         ensure!(
             run.exec_path() == wanted,
@@ -90,7 +88,7 @@ pub async fn a_pooled_run_gets_its_own_settings(cx: &Context) -> anyhow::Result<
             run.exec_path()
         );
     }
-    sh(&*run, "echo from-run > /workspace/from-run.txt").await?;
+    sh_stdout(&*run, "echo from-run > /workspace/from-run.txt").await?;
     run.stop().await?;
     if cx.caps.workspace_mount {
         // Where a cold run mounts the workspace, a pooled one copies it back at stop.
@@ -155,15 +153,9 @@ pub async fn concurrent_claims_from_two_processes_never_share(cx: &Context) -> a
     );
     // The child stopped its runs; ours live on with their own settings.
     for run in &runs {
-        ensure!(sh(&**run, "echo $WHO").await? == "parent");
+        ensure!(sh_stdout(&**run, "echo $WHO").await? == "parent");
     }
-    let listed: BTreeSet<String> = cx
-        .driver
-        .list(&cx.case_selector())
-        .await?
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let listed: BTreeSet<String> = case_ids(cx).await?;
     ensure!(
         listed.is_disjoint(&theirs),
         "the child's runs are still there: {listed:?}"
@@ -200,7 +192,7 @@ pub async fn an_exhausted_pool_errors_or_falls_back(cx: &Context) -> anyhow::Res
     strict.shutdown().await?;
     let lenient = pool(cx, PoolConfig::default().min_ready(0).max(0))?;
     let run = lenient.start(&cx.spec().env("K", "v")).await?;
-    ensure!(sh(&*run, "echo $K").await? == "v");
+    ensure!(sh_stdout(&*run, "echo $K").await? == "v");
     let stats = lenient.stats();
     ensure!(stats.misses == 1 && stats.hits == 0, "{stats:?}");
     run.stop().await?;
@@ -250,7 +242,7 @@ pub async fn a_spec_of_another_shape_is_refused_or_cold(cx: &Context) -> anyhow:
             .on_mismatch(OnMismatch::Cold),
     )?;
     let run = lenient.start(&other).await?;
-    ensure!(sh(&*run, "echo ok").await? == "ok");
+    ensure!(sh_stdout(&*run, "echo ok").await? == "ok");
     ensure!(lenient.stats().mismatches == 1, "{:?}", lenient.stats());
     run.stop().await?;
     lenient.shutdown().await?;
@@ -264,15 +256,12 @@ pub async fn dropping_a_pool_leaves_nothing(cx: &Context) -> anyhow::Result<()> 
     filled.wait_ready(2, READY).await?;
     let run = filled.start(&cx.spec()).await?;
     drop(filled);
-    let left: Vec<String> = cx
-        .driver
-        .list(&cx.case_selector())
-        .await?
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    ensure!(left == [run.id().to_string()], "after the drop: {left:?}");
-    ensure!(sh(&*run, "echo alive").await? == "alive");
+    let left = case_ids(cx).await?;
+    ensure!(
+        left == BTreeSet::from([run.id().to_string()]),
+        "after the drop: {left:?}"
+    );
+    ensure!(sh_stdout(&*run, "echo alive").await? == "alive");
     run.stop().await?;
     // Dropped while its first targets are still being created.
     let creating = pool(cx, PoolConfig::default().min_ready(2))?;
@@ -296,13 +285,7 @@ pub async fn idle_pooled_targets_are_replaced(cx: &Context) -> anyhow::Result<()
             .idle_ttl(Duration::from_secs(2)),
     )?;
     pool.wait_ready(1, READY).await?;
-    let first: BTreeSet<String> = cx
-        .driver
-        .list(&cx.case_selector())
-        .await?
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let first: BTreeSet<String> = case_ids(cx).await?;
     let deadline = std::time::Instant::now() + READY;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -315,13 +298,7 @@ pub async fn idle_pooled_targets_are_replaced(cx: &Context) -> anyhow::Result<()
             "no replacement: {stats:?}"
         );
     }
-    let now: BTreeSet<String> = cx
-        .driver
-        .list(&cx.case_selector())
-        .await?
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let now: BTreeSet<String> = case_ids(cx).await?;
     ensure!(
         first.is_disjoint(&now),
         "the idle target is still there: before {first:?}, now {now:?}"
