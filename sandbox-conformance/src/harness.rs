@@ -47,6 +47,13 @@ pub const IMAGE_ENV: &str = "SANDBOX_CONFORMANCE_IMAGE";
 
 /// The entry point of a conformance test binary.
 pub fn main() {
+    // `RUST_LOG=runcell_core=debug` shows what the library does, on stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = Arc::new(
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -346,6 +353,16 @@ async fn owner_child() -> anyhow::Result<()> {
         tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await??;
         let spec = spec.env("WHO", "child");
         let claimed = futures::future::join_all((0..claims).map(|_| pool.start(&spec))).await;
+        let failed: Vec<String> = claimed
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        anyhow::ensure!(
+            failed.is_empty(),
+            "{} of {claims} claims failed: {failed:?}; pool: {:?}",
+            failed.len(),
+            pool.stats()
+        );
         let mut runs = Vec::new();
         for run in claimed {
             let run = run?;

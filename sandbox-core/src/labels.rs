@@ -4,7 +4,7 @@
 //! The owner labels (host, pid, process start time) let a later [`crate::reap`] find
 //! runs whose creating process died without stopping them (SIGKILL, power loss).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The prefix reserved for the library's own label keys.
@@ -188,6 +188,18 @@ pub fn run_labels(
     // Applied last so that nothing can override it.
     labels.insert(MANAGED_BY.into(), MANAGED_BY_VALUE.into());
     labels
+}
+
+/// The label keys of a ready pooled target of `shape` ([`crate::Pool`]): the run labels
+/// of an owned run (with the shape's TTL and labels), the pool key and state. Pools of
+/// one shape key agree on them, so a claim by any process knows what to take off.
+pub fn pooled_keys(shape: &crate::RunSpec) -> BTreeSet<String> {
+    let mut keys: BTreeSet<String> =
+        run_labels("", Some(&Owner::current()), shape.ttl, &shape.labels)
+            .into_keys()
+            .collect();
+    keys.extend([POOL.to_string(), POOL_STATE.to_string()]);
+    keys
 }
 
 fn hostname() -> String {

@@ -1,6 +1,6 @@
 //! Warm pools: see [`Pool`].
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,7 @@ use crate::spec::{RunSpec, Workspace};
 pub struct Warm {
     run_id: String,
     key: String,
+    label_keys: BTreeSet<String>,
     session: Option<Arc<Session>>,
     guard: Option<CreateGuard>,
     made: Instant,
@@ -37,21 +38,30 @@ impl Warm {
     pub(crate) fn new(
         run_id: String,
         key: &str,
+        label_keys: BTreeSet<String>,
         session: Option<Arc<Session>>,
         guard: Option<CreateGuard>,
     ) -> Warm {
         Warm {
             run_id,
             key: key.to_string(),
+            label_keys,
             session,
             guard,
             made: Instant::now(),
         }
     }
 
-    /// A ready target another process made: claimed by id, its helper started afresh.
-    pub fn foreign(run_id: impl Into<String>, key: impl Into<String>) -> Warm {
-        Warm::new(run_id.into(), &key.into(), None, None)
+    /// A ready target another process made for a pool of `shape` (its key `key`):
+    /// claimed by id, its helper started afresh.
+    pub fn foreign(run_id: impl Into<String>, key: impl Into<String>, shape: &RunSpec) -> Warm {
+        Warm::new(
+            run_id.into(),
+            &key.into(),
+            crate::labels::pooled_keys(shape),
+            None,
+            None,
+        )
     }
 
     /// The id the run will have once claimed.
@@ -64,9 +74,23 @@ impl Warm {
         &self.key
     }
 
-    /// Whether its helper's stream broke while it waited (then it is discarded).
+    /// The keys of the labels the target carries while ready.
+    pub fn label_keys(&self) -> &BTreeSet<String> {
+        &self.label_keys
+    }
+
+    /// Whether its helper's stream broke while it waited: another process claimed the
+    /// target (its claim starts a helper of its own), the target is gone, or only the
+    /// stream broke. Then the session is dropped ([`Warm::drop_session`]) and the target
+    /// stays a candidate: a claim tells these apart atomically, and a claimed run starts a
+    /// helper afresh. Removing it instead would waste a ready target another process may
+    /// need.
     fn dead(&self) -> bool {
         self.session.as_ref().is_some_and(|s| s.dead().is_some())
+    }
+
+    fn drop_session(&mut self) {
+        self.session = None;
     }
 
     /// Stops guarding the target (claimed, or another claim won it) and hands over the
@@ -218,7 +242,8 @@ pub struct PoolStats {
     pub lost_claims: u64,
     /// Targets that failed to be created.
     pub create_failures: u64,
-    /// Ready targets removed unclaimed (idle TTL, a dead helper).
+    /// Ready targets removed unclaimed (idle TTL), or found no longer ready (claimed by
+    /// another process, or gone) and given up.
     pub expired: u64,
     /// The last create failure.
     pub last_error: Option<String>,
@@ -448,24 +473,35 @@ impl Pool {
         loop {
             let next = inner.state().ready.pop_front();
             inner.wake.notify_one();
-            let Some(warm) = next else { break };
+            let Some(mut warm) = next else { break };
             if warm.dead() {
-                self.expire(warm);
-                continue;
+                warm.drop_session();
             }
             if let Some(run) = self.claim(warm, spec, &options).await? {
                 return Ok(self.hit(run, started));
             }
         }
-        let mut tried = 0;
-        for id in inner.driver.pool_ready(&inner.key).await? {
-            tried += 1;
-            if tried > 16 {
+        // Another process's: list, try each in random order (so that racing claimers
+        // spread out), and list again while claims were lost, since a list is only a
+        // snapshot: the pool is empty when a listing shows nothing not yet tried.
+        let mut tried = BTreeSet::new();
+        'listing: while tried.len() < MAX_FOREIGN_TRIES {
+            let mut listed = inner.driver.pool_ready(&inner.key).await?;
+            listed.retain(|id| !tried.contains(id));
+            if listed.is_empty() {
                 break;
             }
-            let warm = Warm::foreign(id, inner.key.clone());
-            if let Some(run) = self.claim(warm, spec, &options).await? {
-                return Ok(self.hit(run, started));
+            rand::seq::SliceRandom::shuffle(&mut listed[..], &mut rand::rng());
+            tracing::debug!(pool = %inner.key, ?listed, "claiming another process's target");
+            for id in listed {
+                if tried.len() >= MAX_FOREIGN_TRIES {
+                    break 'listing;
+                }
+                tried.insert(id.clone());
+                let warm = Warm::foreign(id, inner.key.clone(), &inner.shape);
+                if let Some(run) = self.claim(warm, spec, &options).await? {
+                    return Ok(self.hit(run, started));
+                }
             }
         }
         {
@@ -511,16 +547,6 @@ impl Pool {
         run
     }
 
-    /// Removes an unclaimed target in the background.
-    fn expire(&self, warm: Warm) {
-        self.inner.state().stats.expired += 1;
-        tokio::spawn(async move {
-            if let Err(e) = warm.discard().await {
-                tracing::warn!("could not remove an expired pooled target: {e}");
-            }
-        });
-    }
-
     /// Stops refilling and removes every unclaimed target of this pool, waiting for the
     /// targets being created to be made and removed too (up to [`CLOSE_WAIT`], then they
     /// are cancelled). Runs it handed out are not affected.
@@ -538,6 +564,10 @@ impl Pool {
         (self.task.take(), ready)
     }
 }
+
+/// How many targets of other processes one start tries to claim before it counts as a
+/// miss.
+const MAX_FOREIGN_TRIES: usize = 32;
 
 /// How long closing a pool waits for the creates in flight before cancelling them.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(30);
@@ -595,10 +625,28 @@ async fn refill(inner: std::sync::Weak<Inner>) {
             }
             return;
         }
+        // A ready target whose helper stream broke is kept only if it is still ready
+        // (another process may have claimed it, or it is gone): one listing tells.
+        let still_ready = if pool.state().ready.iter().any(Warm::dead) {
+            pool.driver
+                .pool_ready(&pool.key)
+                .await
+                .ok()
+                .map(|ids| ids.into_iter().collect::<BTreeSet<_>>())
+        } else {
+            None
+        };
         // Idle targets out, the goal back down one step per expiry.
         let ttl = pool.config.idle_ttl;
         let expired: Vec<Warm> = {
             let mut state = pool.state();
+            if let Some(still_ready) = &still_ready {
+                for warm in state.ready.iter_mut().filter(|w| w.dead()) {
+                    if still_ready.contains(&warm.run_id) {
+                        warm.drop_session();
+                    }
+                }
+            }
             let (keep, old): (VecDeque<Warm>, VecDeque<Warm>) = state
                 .ready
                 .drain(..)
@@ -612,6 +660,7 @@ async fn refill(inner: std::sync::Weak<Inner>) {
             old.into_iter().collect()
         };
         for warm in expired {
+            tracing::debug!(run = %warm.run_id, "pooled target expired");
             if let Err(e) = warm.discard().await {
                 tracing::warn!("could not remove an idle pooled target: {e}");
             }

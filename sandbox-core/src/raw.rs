@@ -68,6 +68,11 @@ pub struct Plan<'a> {
     /// [`crate::ca::DIR`], so that the CA files can be written after the claim whatever
     /// the user and under a read-only root. Also set on the plan of a claim.
     pub pool: Option<String>,
+    /// On the plan of a claim: the label keys the ready target carries that the run must
+    /// not (say, the owner of a detached run, or the pool's TTL when the run has none). A
+    /// claim that relabels ([`Capabilities::pool_relabel`]) removes these and sets
+    /// `labels`, leaving labels it does not know (an admission webhook's) alone.
+    pub stale_labels: Vec<String>,
     /// Where progress goes (the caller's callback, if any).
     progress: Option<ProgressFn>,
 }
@@ -81,6 +86,7 @@ impl fmt::Debug for Plan<'_> {
             .field("ca_pem", &self.ca_pem.is_some())
             .field("spec", &self.spec)
             .field("pool", &self.pool)
+            .field("stale_labels", &self.stale_labels)
             .finish_non_exhaustive()
     }
 }
@@ -246,7 +252,7 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
     /// Warm pools: makes the warmed target of `run_id` claimable by any process.
     async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
         let _ = run_id;
-        Err(Error::unsupported("pool", "warm pools"))
+        Err(no_pool_hook("pool_mark_ready"))
     }
 
     /// Warm pools: the run ids of the ready targets of pool `key`. Default: the running
@@ -274,15 +280,25 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
     /// `Ok(false)` when it was gone or another claim won.
     async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
         let _ = plan;
-        Err(Error::unsupported("pool", "warm pools"))
+        Err(no_pool_hook("pool_claim_target"))
     }
 
     /// Warm pools: removes the pooled target of `run_id` unless a run claimed it (idle
     /// expiry, a dropped pool). Never removes a claimed target.
     async fn pool_remove(&self, run_id: &str) -> Result<()> {
         let _ = run_id;
-        Err(Error::unsupported("pool", "warm pools"))
+        Err(no_pool_hook("pool_remove"))
     }
+}
+
+/// The error of a pool hook a backend does not implement. It names the hook: a backend
+/// that declares [`Capabilities::pool`] without it (say, a wrapper that forwards
+/// `supports` but not the hooks) is then found at once.
+fn no_pool_hook(hook: &str) -> Error {
+    Error::unsupported(
+        "pool",
+        format!("warm pools: this backend does not implement Backend::{hook}"),
+    )
 }
 
 /// How long core's liveness check may take.
@@ -331,6 +347,7 @@ impl<B: Backend> Driver for B {
             id,
             spec,
             pool: None,
+            stale_labels: Vec::new(),
         };
         tracing::Instrument::instrument(create_run(self, plan), span).await
     }
@@ -375,6 +392,7 @@ impl<B: Backend> Driver for B {
             ca_pem: None,
             spec: shape,
             pool: Some(key.to_string()),
+            stale_labels: Vec::new(),
             progress: None,
         };
         let warm = async {
@@ -406,7 +424,8 @@ impl<B: Backend> Driver for B {
                 _ => None,
             };
             tracing::debug!(run = %run_id, "pooled target ready");
-            Ok(Warm::new(run_id.clone(), key, session, Some(pooled)))
+            let keys = plan.labels.keys().cloned().collect();
+            Ok(Warm::new(run_id.clone(), key, keys, session, Some(pooled)))
         };
         tracing::Instrument::instrument(warm, span).await
     }
@@ -437,6 +456,12 @@ impl<B: Backend> Driver for B {
         );
         run_labels.insert(labels::POOL.into(), key.clone());
         run_labels.insert(labels::POOL_STATE.into(), labels::POOL_CLAIMED.into());
+        let stale_labels = warm
+            .label_keys()
+            .iter()
+            .filter(|k| !run_labels.contains_key(*k))
+            .cloned()
+            .collect();
         let plan = Plan {
             id: run_id.clone(),
             labels: run_labels,
@@ -444,6 +469,7 @@ impl<B: Backend> Driver for B {
             ca_pem,
             spec,
             pool: Some(key),
+            stale_labels,
             progress: options.progress,
         };
         let span = tracing::debug_span!("pool.claim", driver = B::NAME, run = %run_id);
@@ -459,6 +485,7 @@ impl<B: Backend> Driver for B {
                 }
             };
             if !won {
+                tracing::debug!(run = %run_id, "claim lost");
                 // Removed only if nobody holds it (a claim that lost to nothing, such as a
                 // conflict with a status update, must not leave it behind).
                 if let Err(e) = warm.discard().await {

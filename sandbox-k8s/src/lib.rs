@@ -157,6 +157,7 @@ impl RunState {
             .annotations
             .as_ref()
             .and_then(|a| a.get(pod::HOST_DIR_ANNOTATION))
+            .filter(|dir| !dir.is_empty())
             .map(PathBuf::from);
         let env: Vec<(String, String)> = container
             .iter()
@@ -425,48 +426,33 @@ impl Backend for K8sDriver {
             .map_err(|e| error::map("mark the pooled pod ready", e).with("run", run_id))
     }
 
-    /// One merge patch guarded by the pod's resourceVersion: it moves the pod from
-    /// ready to claimed and gives it the run's labels (the library's keys the run lacks,
-    /// such as the owner of a detached run, are removed) and host-directory annotation.
-    /// A conflict means another claim (or any change) came first: not ours.
+    /// One JSON patch whose first operation tests that the pod is still ready: the API
+    /// server applies it to the object it holds under its optimistic concurrency (the
+    /// resourceVersion it read), so of racing claims exactly one passes the test (the
+    /// others get 422), and a status update in between only makes the server apply it
+    /// again. It then takes off the pool's labels the run must not carry, sets the run's
+    /// and the host-directory annotation; labels and annotations it does not know (an
+    /// admission webhook's, the template's) stay. One round trip.
     async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
         let id = plan.id.as_str();
-        // A conflict is also any other change (the node updating the pod's status): read
-        // again and retry while the pod is still ready.
+        let token = format!("{:016x}", rand::random::<u64>());
+        let patch = pod::claim_patch(
+            &plan.stale_labels,
+            &plan.labels,
+            plan.spec.workspace.host_dir.as_deref(),
+            &token,
+        )?;
+        // A conflict the server could not resolve by applying the patch again (a busy
+        // pod) is not a lost claim: try again.
+        let mut last = None;
         for _ in 0..8 {
-            let Some(pod) = self
-                .pods()
-                .get_opt(id)
-                .await
-                .map_err(|e| error::map("get pod", e).with("run", id))?
-            else {
-                return Ok(false);
-            };
-            let current = pod.metadata.labels.clone().unwrap_or_default();
-            if current.get(labels::POOL_STATE).map(String::as_str) != Some(labels::POOL_READY)
-                || pod.metadata.deletion_timestamp.is_some()
-            {
-                return Ok(false);
-            }
-            let mut new_labels = serde_json::Map::new();
-            for key in current.keys().filter(|k| k.starts_with(labels::PREFIX)) {
-                new_labels.insert(key.clone(), serde_json::Value::Null);
-            }
-            for (k, v) in &plan.labels {
-                new_labels.insert(k.clone(), serde_json::Value::String(v.clone()));
-            }
-            let mut metadata = serde_json::json!({
-                "resourceVersion": pod.metadata.resource_version,
-                "labels": new_labels,
-            });
-            if let Some(dir) = &plan.spec.workspace.host_dir {
-                metadata["annotations"] =
-                    serde_json::json!({ (pod::HOST_DIR_ANNOTATION): dir.display().to_string() });
-            }
-            let patch = serde_json::json!({ "metadata": metadata });
             match self
                 .pods()
-                .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(
+                    id,
+                    &PatchParams::default(),
+                    &Patch::<()>::Json(patch.clone()),
+                )
                 .await
             {
                 Ok(_) => {
@@ -474,12 +460,59 @@ impl Backend for K8sDriver {
                     self.forget(id);
                     return Ok(true);
                 }
-                Err(e) if error::code(&e) == Some(404) => return Ok(false),
-                Err(e) if error::code(&e) == Some(409) => continue,
+                Err(e) if error::code(&e) == Some(404) => {
+                    tracing::debug!(run = id, "claim lost: the pod is gone");
+                    return Ok(false);
+                }
+                // The patch did not apply: lost if the pod is no longer ready (the test
+                // failed) unless it carries this claim's token (an earlier attempt applied
+                // and its answer was lost: the client retries 429/503/504, or this loop
+                // after a 409); if it is still ready, the failure was another (try again,
+                // then say so), never a reason to give the pod up.
+                Err(e) if error::code(&e) == Some(422) => {
+                    let pod = self
+                        .pods()
+                        .get_opt(id)
+                        .await
+                        .map_err(|e| error::map("get pod", e).with("run", id))?;
+                    let meta = |pod: &Option<Pod>, annotation: bool, key: &str| {
+                        let map = pod.as_ref().and_then(|p| match annotation {
+                            true => p.metadata.annotations.as_ref(),
+                            false => p.metadata.labels.as_ref(),
+                        });
+                        map.and_then(|m| m.get(key)).cloned()
+                    };
+                    if meta(&pod, true, pod::CLAIM_ANNOTATION).as_deref() == Some(&token) {
+                        // An earlier attempt of this claim applied (its answer was lost).
+                        tracing::debug!(run = id, "claim won by an earlier attempt: {e}");
+                        self.forget(id);
+                        return Ok(true);
+                    }
+                    let ready = pod
+                        .as_ref()
+                        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+                        && meta(&pod, false, labels::POOL_STATE).as_deref()
+                            == Some(labels::POOL_READY);
+                    if !ready {
+                        tracing::debug!(run = id, "claim lost: the pod is no longer ready");
+                        return Ok(false);
+                    }
+                    tracing::debug!(run = id, "the claim patch failed on a ready pod: {e}");
+                    last = Some(e);
+                }
+                Err(e) if error::code(&e) == Some(409) => {}
                 Err(e) => return Err(error::map("claim the pooled pod", e).with("run", id)),
             }
         }
-        Ok(false)
+        let e = Error::new(
+            ErrorKind::Backend,
+            "claiming the pooled pod kept failing while it stayed ready",
+        )
+        .with("run", id);
+        Err(match last {
+            Some(source) => e.with_source(source),
+            None => e,
+        })
     }
 
     /// Deletes the pod only while it is warming or ready, with the resourceVersion read as

@@ -22,8 +22,12 @@ pub use runcell_core::raw::KEEPALIVE;
 pub const CA_SECRET_MOUNT: &str = "/etc/sandbox-ca";
 /// The key of the CA Secret, so the file's name under [`CA_SECRET_MOUNT`].
 pub const CA_SECRET_KEY: &str = "ca.pem";
-/// The pod annotation that records the run's host workspace directory.
+/// The pod annotation that records the run's host workspace directory (empty on a pooled
+/// pod until a claim sets it).
 pub const HOST_DIR_ANNOTATION: &str = "sandbox.dev/host-dir";
+/// The pod annotation a claim sets to a token of its own: a claim whose response was lost
+/// (a retried request, a dropped connection) finds out it won.
+pub const CLAIM_ANNOTATION: &str = "sandbox.dev/claim";
 /// Grace period of the pod: PID 1 is `sleep`, which ignores SIGTERM.
 pub const TERMINATION_GRACE_SECONDS: i64 = 1;
 
@@ -72,6 +76,10 @@ pub fn run_objects(
     if let Some(dir) = &spec.workspace.host_dir {
         // So that a driver attaching later can still sync the workspace back.
         annotations.insert(HOST_DIR_ANNOTATION.into(), dir.display().to_string());
+    } else if labels.contains_key(runcell_core::labels::POOL) {
+        // Empty until a claim sets it (a JSON patch adds a member only under an existing
+        // map).
+        annotations.insert(HOST_DIR_ANNOTATION.into(), String::new());
     }
 
     let mut volumes = vec![Volume {
@@ -308,6 +316,59 @@ pub fn add_ca_dir(pod: &mut Pod) {
     });
 }
 
+/// The JSON patch (RFC 6902) of a pool claim: it tests that the pod is still ready, takes
+/// off the `stale` labels, sets `labels`, the claim's `token` ([`CLAIM_ANNOTATION`]) and,
+/// with a host workspace directory, its annotation. What it does not name (labels and annotations of the template or of an
+/// admission webhook) stays. The test fails (the API server answers 422) once any other
+/// claim won.
+pub fn claim_patch(
+    stale: &[String],
+    labels: &BTreeMap<String, String>,
+    host_dir: Option<&std::path::Path>,
+    token: &str,
+) -> Result<json_patch::Patch> {
+    let pointer = |map: &str, key: &str| {
+        format!(
+            "/metadata/{map}/{}",
+            key.replace('~', "~0").replace('/', "~1")
+        )
+    };
+    let mut ops = vec![serde_json::json!({
+        "op": "test",
+        "path": pointer("labels", runcell_core::labels::POOL_STATE),
+        "value": runcell_core::labels::POOL_READY,
+    })];
+    for key in stale {
+        ops.push(serde_json::json!({ "op": "remove", "path": pointer("labels", key) }));
+    }
+    for (key, value) in labels {
+        // `add` on a member that exists replaces it.
+        ops.push(
+            serde_json::json!({ "op": "add", "path": pointer("labels", key), "value": value }),
+        );
+    }
+    // Pooled pods carry annotations (the host directory's, empty), so their map exists.
+    ops.push(serde_json::json!({
+        "op": "add",
+        "path": pointer("annotations", CLAIM_ANNOTATION),
+        "value": token,
+    }));
+    if let Some(dir) = host_dir {
+        ops.push(serde_json::json!({
+            "op": "add",
+            "path": pointer("annotations", HOST_DIR_ANNOTATION),
+            "value": dir.display().to_string(),
+        }));
+    }
+    serde_json::from_value(serde_json::Value::Array(ops)).map_err(|e| {
+        Error::new(
+            runcell_core::ErrorKind::Backend,
+            "cannot build the claim patch",
+        )
+        .with_source(e)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -438,5 +499,63 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    /// A claim turns a pooled pod's labels into the run's (a detached run without TTL: no
+    /// owner, no expiry) and keeps what it does not know; a second claim fails its test.
+    #[test]
+    fn a_claim_patch_relabels_and_keeps_foreign_labels() {
+        use runcell_core::labels::{self as l, Owner};
+        let shape = RunSpec::new("img")
+            .label("team", "a")
+            .ttl(Duration::from_secs(600));
+        let mut pooled = l::run_labels("sbx-1", Some(&Owner::current()), shape.ttl, &shape.labels);
+        pooled.insert(l::POOL.into(), "k".into());
+        pooled.insert(l::POOL_STATE.into(), l::POOL_READY.into());
+        assert_eq!(
+            pooled
+                .keys()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            l::pooled_keys(&shape)
+        );
+        let template = PodTemplate {
+            labels: BTreeMap::from([("example.com/tier".into(), "sandbox".into())]),
+            ..PodTemplate::default()
+        };
+        let (pod, _) = run_objects(&shape, "sbx-1", "ns", &pooled, None, &template).unwrap();
+        let mut pod = serde_json::to_value(pod).unwrap();
+        // What an admission webhook might add.
+        pod["metadata"]["labels"]["mesh.example/tls"] = "on".into();
+
+        let mut run = l::run_labels(
+            "sbx-1",
+            None,
+            None,
+            &BTreeMap::from([("team".into(), "b".into())]),
+        );
+        run.insert(l::POOL.into(), "k".into());
+        run.insert(l::POOL_STATE.into(), l::POOL_CLAIMED.into());
+        let stale: Vec<String> = l::pooled_keys(&shape)
+            .into_iter()
+            .filter(|k| !run.contains_key(k))
+            .collect();
+        let patch =
+            claim_patch(&stale, &run, Some(std::path::Path::new("/host/ws")), "t1").unwrap();
+        json_patch::patch(&mut pod, &patch).unwrap();
+
+        let got: BTreeMap<String, String> =
+            serde_json::from_value(pod["metadata"]["labels"].clone()).unwrap();
+        let mut want = run.clone();
+        want.insert("mesh.example/tls".into(), "on".into());
+        want.insert("example.com/tier".into(), "sandbox".into());
+        assert_eq!(got, want);
+        assert!(!got.contains_key(l::OWNER_PID) && !got.contains_key(l::EXPIRES_AT));
+        assert_eq!(
+            pod["metadata"]["annotations"][HOST_DIR_ANNOTATION],
+            "/host/ws"
+        );
+        // The pod is claimed now: the same patch (another process's claim) fails.
+        assert!(json_patch::patch(&mut pod, &patch).is_err());
     }
 }

@@ -6,6 +6,11 @@
 //! and runs every shared step (validation, capabilities, labels, cleanup, liveness,
 //! post-create, the exec pump, timeouts and the kill) for it.
 //!
+//! A wrapper forwards every method, the defaulted ones too (set-up, stop and warm-pool
+//! hooks): it forwards [`Backend::supports`], so the capabilities it declares are the inner
+//! backend's, and a forgotten hook would break what they promise (the suite's pool cases
+//! fail for a wrapper that declares pools without forwarding the pool hooks).
+//!
 //! It registers itself through the registry, so an engine finds it by name:
 //! `runcell_core::connect("audit", DriverConfig::from_env("audit"))`, and it passes the
 //! shared suite: `SANDBOX_TEST=audit cargo test -p sandbox-driver-audit --test conformance`.
@@ -15,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use runcell_core::raw::{Backend, Plan, RawExec, RawProcess};
+use runcell_core::raw::{Backend, Plan, PoolState, RawExec, RawProcess};
 use runcell_core::{ByteStream, Capabilities, Driver, DriverConfig, Result, RunInfo};
 use runcell_docker::{DockerConfig, DockerDriver};
 
@@ -114,7 +119,50 @@ impl Backend for AuditDriver {
         self.inner.get_tar(id, path).await
     }
 
+    async fn prepare_target(&self, plan: &Plan<'_>) -> Result<()> {
+        self.inner.prepare_target(plan).await
+    }
+
+    async fn put_executable(
+        &self,
+        id: &str,
+        path: &str,
+        contents: runcell_core::Bytes,
+    ) -> Result<()> {
+        self.inner.put_executable(id, path, contents).await
+    }
+
     async fn diagnose(&self, id: &str) -> Vec<(&'static str, String)> {
         self.inner.diagnose(id).await
+    }
+
+    async fn before_stop(&self, id: &str) -> Result<()> {
+        self.inner.before_stop(id).await
+    }
+
+    fn pool_id(&self, run_id: &str, state: PoolState) -> String {
+        self.inner.pool_id(run_id, state)
+    }
+
+    async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
+        self.inner.pool_mark_ready(run_id).await
+    }
+
+    async fn pool_ready_targets(&self, key: &str) -> Result<Vec<String>> {
+        self.inner.pool_ready_targets(key).await
+    }
+
+    async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
+        self.inner.pool_claim_target(plan).await
+    }
+
+    async fn pool_remove(&self, run_id: &str) -> Result<()> {
+        let execs = self
+            .execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+        tracing::info!(run = run_id, execs, "pool remove");
+        self.inner.pool_remove(run_id).await
     }
 }

@@ -134,7 +134,11 @@ pub async fn concurrent_claims_from_two_processes_never_share(cx: &Context) -> a
             Some(l) if l.starts_with("RUN ") => {
                 theirs.insert(l[4..].to_string());
             }
-            other => anyhow::bail!("the child said {other:?} (exit {:?})", child.wait().await),
+            other => anyhow::bail!(
+                "the child said {other:?} (exit {:?}); this side's pool: {:?}",
+                child.wait().await,
+                pool.stats()
+            ),
         }
     }
     ensure!(child.wait().await?.success(), "the child failed");

@@ -257,7 +257,9 @@ pub async fn orphans_do_not_become_zombies(cx: &Context) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Stop takes well under a second (no SIGTERM grace period), even with work running.
+/// Stop does not wait out a SIGTERM grace period (Docker's is 10 s, a pod's 30 s), even
+/// with work running that ignores TERM. Unloaded it takes well under a second; the bound
+/// is half the shortest grace period so that a loaded CI machine does not fail it.
 pub async fn stop_is_fast(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
     let _busy = run
@@ -266,7 +268,10 @@ pub async fn stop_is_fast(cx: &Context) -> anyhow::Result<()> {
     let started = Instant::now();
     run.stop().await?;
     let took = started.elapsed();
-    ensure!(took < Duration::from_secs(1), "stop took {took:?}");
+    ensure!(
+        took < Duration::from_secs(5),
+        "stop took {took:?}: it waited for the work to end"
+    );
     Ok(())
 }
 
