@@ -844,8 +844,17 @@ impl<B: Backend> CoreRun<B> {
                         Err(e) => return Err(e),
                     },
                 };
-                let file = files::file_from_tar_stream(tar, OVERLAY_FILE).await?;
-                let json = file.read_all(1 << 20, OVERLAY_FILE).await?;
+                // A transfer by exec (`tar` on the plain path) reports a missing file
+                // only once its stream is read.
+                let read = async {
+                    let file = files::file_from_tar_stream(tar, OVERLAY_FILE).await?;
+                    file.read_all(1 << 20, OVERLAY_FILE).await
+                };
+                let json = match read.await {
+                    Ok(json) => json,
+                    Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e),
+                };
                 serde_json::from_slice(&json).map(Some).map_err(|e| {
                     Error::new(ErrorKind::Backend, "the run's settings file is unreadable")
                         .with("run", &self.id)

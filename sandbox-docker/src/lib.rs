@@ -71,8 +71,10 @@ runcell_core::register_driver!(
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct DockerConfig {
-    /// `unix:///path`, `tcp://host:port` or `http://...`; default: `DOCKER_HOST`, else the
-    /// local socket.
+    /// `unix:///path`, `tcp://host:port` or `http://...`; default: `DOCKER_HOST`, else
+    /// `CONTAINER_HOST` (Podman's), else the first local socket that exists of Docker's
+    /// (`/var/run/docker.sock`), rootful Podman's (`/run/podman/podman.sock`) and rootless
+    /// Podman's (`$XDG_RUNTIME_DIR/podman/podman.sock`).
     pub host: Option<String>,
     /// Per-request timeout of the API client (not of exec streams). Default 60 s.
     pub timeout: Option<Duration>,
@@ -156,15 +158,48 @@ fn tls_files(dir: &std::path::Path) -> Result<[PathBuf; 3]> {
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
+/// Rootful Podman's API socket (`systemctl enable --now podman.socket`).
+const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
+
+/// The daemon address when the config names none, and where it came from: `DOCKER_HOST`,
+/// else Podman's `CONTAINER_HOST`, else the first socket that exists of Docker's, rootful
+/// Podman's and rootless Podman's (`$XDG_RUNTIME_DIR/podman/podman.sock`), else Docker's
+/// (so that the error names it).
+fn default_host(
+    env: impl Fn(&str) -> Option<String>,
+    exists: impl Fn(&str) -> bool,
+) -> (String, &'static str) {
+    if let Some(host) = env("DOCKER_HOST") {
+        return (host, "DOCKER_HOST");
+    }
+    if let Some(host) = env("CONTAINER_HOST") {
+        return (host, "CONTAINER_HOST");
+    }
+    let docker = DEFAULT_SOCKET.trim_start_matches("unix://");
+    let rootless = env("XDG_RUNTIME_DIR").map(|dir| format!("{dir}/podman/podman.sock"));
+    let candidates = [
+        (Some(docker.to_string()), "default socket"),
+        (Some(PODMAN_SOCKET.to_string()), "Podman's socket"),
+        (rootless, "rootless Podman's socket"),
+    ];
+    for (path, origin) in candidates {
+        if let Some(path) = path.filter(|p| exists(p)) {
+            return (format!("unix://{path}"), origin);
+        }
+    }
+    (DEFAULT_SOCKET.to_string(), "default socket")
+}
 
 impl DockerDriver {
     /// Connects to the daemon and negotiates the API version (Debian's dockerd speaks 1.41).
     /// An unreachable daemon is [`ErrorKind::Unavailable`] naming the address tried.
     pub async fn connect(config: DockerConfig) -> Result<DockerDriver> {
-        let (address, origin) = match (&config.host, std::env::var("DOCKER_HOST")) {
-            (Some(h), _) => (h.clone(), "config"),
-            (None, Ok(h)) if !h.is_empty() => (h, "DOCKER_HOST"),
-            _ => (DEFAULT_SOCKET.to_string(), "default socket"),
+        let (address, origin) = match &config.host {
+            Some(h) => (h.clone(), "config"),
+            None => default_host(
+                |name| std::env::var(name).ok().filter(|v| !v.is_empty()),
+                |path| std::path::Path::new(path).exists(),
+            ),
         };
         let unavailable = |e: bollard::errors::Error| {
             Error::new(
@@ -700,7 +735,9 @@ impl Backend for DockerDriver {
                     format!("{}={key}", labels::POOL),
                 ],
             ),
-            ("name".to_string(), vec!["^/sbxp-".to_string()]),
+            // Docker matches the name with its leading slash (and without), Podman only
+            // without.
+            ("name".to_string(), vec!["^/?sbxp-".to_string()]),
         ]);
         let options = ListContainersOptionsBuilder::default()
             .filters(&filters)
@@ -714,7 +751,7 @@ impl Backend for DockerDriver {
             .into_iter()
             .filter_map(|c| {
                 let name = c.names?.into_iter().next()?;
-                let hex = name.strip_prefix("/sbxp-")?;
+                let hex = name.trim_start_matches('/').strip_prefix("sbxp-")?;
                 Some(format!("sbx-{hex}"))
             })
             .collect())
@@ -861,7 +898,62 @@ async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<ByteStream
 
 #[cfg(test)]
 mod tests {
-    use super::split_tag;
+    use super::{default_host, split_tag};
+
+    /// The address without a configured host: the environment first, then the first
+    /// socket that exists, Docker's before Podman's.
+    #[test]
+    fn the_default_host_prefers_docker_then_podman() {
+        let host = |env: &[(&str, &str)], sockets: &[&str]| {
+            let (address, origin) = default_host(
+                |name| {
+                    env.iter()
+                        .find(|(k, _)| *k == name)
+                        .map(|(_, v)| v.to_string())
+                },
+                |path| sockets.contains(&path),
+            );
+            (address, origin.to_string())
+        };
+        let pair = |a: &str, o: &str| (a.to_string(), o.to_string());
+        let docker = "/var/run/docker.sock";
+        let podman = "/run/podman/podman.sock";
+        let rootless = "/run/user/1000/podman/podman.sock";
+        let xdg = [("XDG_RUNTIME_DIR", "/run/user/1000")];
+        assert_eq!(
+            host(
+                &[
+                    ("DOCKER_HOST", "tcp://h:2376"),
+                    ("CONTAINER_HOST", "unix:///x")
+                ],
+                &[docker]
+            ),
+            pair("tcp://h:2376", "DOCKER_HOST")
+        );
+        assert_eq!(
+            host(&[("CONTAINER_HOST", "unix:///x")], &[docker]),
+            pair("unix:///x", "CONTAINER_HOST")
+        );
+        assert_eq!(
+            host(&xdg, &[docker, podman, rootless]),
+            pair("unix:///var/run/docker.sock", "default socket")
+        );
+        assert_eq!(
+            host(&xdg, &[podman, rootless]),
+            pair("unix:///run/podman/podman.sock", "Podman's socket")
+        );
+        assert_eq!(
+            host(&xdg, &[rootless]),
+            pair(
+                "unix:///run/user/1000/podman/podman.sock",
+                "rootless Podman's socket"
+            )
+        );
+        assert_eq!(
+            host(&[], &[rootless]),
+            pair("unix:///var/run/docker.sock", "default socket")
+        );
+    }
 
     #[test]
     fn pulls_name_a_tag() {

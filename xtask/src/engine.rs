@@ -125,8 +125,12 @@ pub const SESSION_LABEL: &str = "sandbox.conformance/session";
 /// Fails if a container made by the library in this test session (label
 /// `sandbox.conformance/session=<session>`) is left on the engine. Other containers,
 /// a developer's own runs or a parallel job's, are not this session's business.
-pub fn assert_no_leftovers(session: &str) -> Result<()> {
-    let out = Command::new("docker")
+pub fn assert_no_leftovers(session: &str, host: Option<&str>) -> Result<()> {
+    let mut ps = Command::new("docker");
+    if let Some(host) = host {
+        ps.args(["-H", host]);
+    }
+    let out = ps
         .args(["ps", "-aq", "--filter", "label=sandbox.dev/managed-by"])
         .args(["--filter", &format!("label={SESSION_LABEL}={session}")])
         .output()?;
@@ -145,6 +149,7 @@ pub fn assert_no_leftovers(session: &str) -> Result<()> {
             ids.join(" ")
         );
     }
-    eprintln!("no container of session {session} is left on the engine");
+    let engine = host.unwrap_or("the Docker engine");
+    eprintln!("no container of session {session} is left on {engine}");
     Ok(())
 }

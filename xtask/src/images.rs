@@ -19,6 +19,9 @@ pub const SLEEP_EXITS: &str = "sandbox-test/sleep-exits:latest";
 /// An image without `tar` (files then move through the exec helper).
 pub const NO_TAR: &str = "sandbox-test/no-tar:latest";
 
+/// Every test image.
+pub const ALL: [&str; 4] = [BUSYBOX, NO_SLEEP, SLEEP_EXITS, NO_TAR];
+
 /// What differs between the test images.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Variant {

@@ -6,6 +6,7 @@ mod demo;
 mod engine;
 mod images;
 mod k8s;
+mod podman;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -138,6 +139,8 @@ fn main() -> Result<()> {
             let session_env = [(SESSION_ENV, session.clone())];
             engine::ensure_docker()?;
             images::build()?;
+            // The suite also runs on Podman, through its Docker-compatible API.
+            let podman_host = podman::ensure(&images::ALL)?;
             cargo(&["fmt", "--all", "--", "--check"], &[])?;
             cargo(
                 &[
@@ -188,8 +191,25 @@ fn main() -> Result<()> {
                 // Every run of the suite from a warm pool's target (claimed, then set up).
                 Suite::new("docker/pooled", "docker", &ours, with(&[(POOLED_ENV, "1")])),
             ])?;
+            // Podman beside the cluster's start-up and suites (its engine is idle then).
+            let podman_suite = [Suite::new(
+                "podman",
+                "docker",
+                &ours,
+                with(&[
+                    ("SANDBOX_DOCKER_HOST", podman_host.as_str()),
+                    (HELPER_ENV, "required"),
+                ]),
+            )];
             // The cluster goes down again whatever happened, unless asked to stay.
-            let k8s_result = k8s::up().and_then(|kubeconfig| k8s_tests(&kubeconfig, &session));
+            let (podman_result, k8s_result) = std::thread::scope(|scope| {
+                let podman = scope.spawn(|| suites_side_by_side(&podman_suite));
+                let k8s = k8s::up().and_then(|kubeconfig| k8s_tests(&kubeconfig, &session));
+                let podman = podman
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the Podman suite panicked")));
+                (podman, k8s)
+            });
             let down = if keep_cluster {
                 Ok(())
             } else {
@@ -197,9 +217,12 @@ fn main() -> Result<()> {
             };
             k8s_result?;
             down?;
-            engine::assert_no_leftovers(&session)?;
+            for session in podman_result? {
+                engine::assert_no_leftovers(&session, Some(&podman_host))?;
+            }
+            engine::assert_no_leftovers(&session, None)?;
             for session in docker_sessions {
-                engine::assert_no_leftovers(&session)?;
+                engine::assert_no_leftovers(&session, None)?;
             }
             Ok(())
         }

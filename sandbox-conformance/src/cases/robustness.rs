@@ -350,11 +350,12 @@ pub async fn signal_to_owner_stops_its_runs(cx: &Context) -> anyhow::Result<()> 
 /// A run past its TTL is removed (by the backend or by reap); a live run is not.
 pub async fn ttl_expired_runs_are_reaped(cx: &Context) -> anyhow::Result<()> {
     let mut spec = cx.spec();
-    // Long enough for a slow backend to get the run ready before the deadline.
-    spec.ttl = Some(Duration::from_secs(3));
+    // Long enough for a slow backend to get the run ready before the deadline (a pod's
+    // deadline counts from its start; 3 s was too short with three suites beside).
+    spec.ttl = Some(Duration::from_secs(6));
     let expiring = cx.driver.start(&spec).await?;
     let keeper = cx.driver.start(&cx.spec()).await?;
-    tokio::time::sleep(Duration::from_millis(4200)).await;
+    tokio::time::sleep(Duration::from_millis(7200)).await;
     let reaped = runcell_core::reap(&*cx.driver, &cx.case_selector()).await?;
     let listed = cx.driver.list(&cx.case_selector()).await?;
     ensure!(
