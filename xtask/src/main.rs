@@ -32,6 +32,10 @@ enum Task {
     Bench,
     /// Build the local test images (no registry needed).
     TestImages,
+    /// Start the test Podman service (Docker-compatible API) with the test images, and
+    /// print its address: `SANDBOX_DOCKER_HOST=... cargo xtask conformance` runs the
+    /// suite on Podman.
+    Podman,
     /// Run the shared conformance suite against a driver.
     Conformance {
         /// The registered driver name.
@@ -97,6 +101,13 @@ fn main() -> Result<()> {
         Task::TestImages => {
             engine::ensure_docker()?;
             images::build()
+        }
+        Task::Podman => {
+            engine::ensure_docker()?;
+            images::build()?;
+            let host = podman::ensure(&images::ALL)?;
+            println!("export SANDBOX_DOCKER_HOST={host}");
+            Ok(())
         }
         Task::Conformance {
             driver,
