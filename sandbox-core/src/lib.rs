@@ -62,7 +62,7 @@ pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names
 pub use run::{Driver, DriverExt, Run, RunExt, RunInfo};
 pub use spec::{
     DEFAULT_WORKSPACE_PATH, ExecSpec, Network, Proxy, PullPolicy, Resources, RunSpec, Security,
-    Stdin, Workspace,
+    Stdin, Workspace, normalize_registry, registry_of,
 };
 
 /// The names most programs need: `use runcell_core::prelude::*;`.

@@ -51,34 +51,7 @@ impl fmt::Debug for RegistryCredentials {
     }
 }
 
-/// The registry host of an image reference, as Docker resolves it: the first path
-/// component when it looks like a host (has `.` or `:`, or is `localhost`), else
-/// `docker.io`.
-pub fn registry_of(image: &str) -> String {
-    match image.split_once('/') {
-        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
-            normalize(first)
-        }
-        _ => "docker.io".to_string(),
-    }
-}
-
-/// A registry as written in a config (`https://index.docker.io/v1/`, `http://h:5000`,
-/// `h:5000`) reduced to the host Docker compares: scheme and path dropped, Docker Hub's
-/// aliases made `docker.io`.
-pub fn normalize(server: &str) -> String {
-    let rest = server
-        .strip_prefix("https://")
-        .or_else(|| server.strip_prefix("http://"))
-        .unwrap_or(server);
-    let host = rest.split('/').next().unwrap_or(rest).to_ascii_lowercase();
-    match host.as_str() {
-        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
-            "docker.io".to_string()
-        }
-        _ => host,
-    }
-}
+pub use runcell_core::{normalize_registry as normalize, registry_of};
 
 /// The server name a credential helper and the daemon expect for `registry`.
 fn server_address(registry: &str) -> String {

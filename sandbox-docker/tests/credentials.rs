@@ -8,125 +8,17 @@
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use base64::Engine;
 use runcell_core::{Driver, ErrorKind, ExecSpec, Network, RunExt, RunSpec};
 use runcell_docker::{DockerConfig, DockerDriver};
 
 mod common;
+use common::registry::{LocalTag, PASSWORD, REGISTRY, Registry, USER, push_test_image};
 use common::strict;
 
-const USER: &str = "runcell";
-const PASSWORD: &str = "pw-Zq8vK2xLr7";
 const WRONG: &str = "wrong-Hh4nT9pQ";
-const REGISTRY: &str = "/usr/bin/docker-registry";
 const CASE: &str = "registry-credentials";
-
-fn docker(args: &[&str], stdin: Option<&str>) {
-    let mut child = Command::new("docker")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(input) = stdin {
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "docker {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `docker-registry serve` on 127.0.0.1 with htpasswd auth; killed on drop.
-struct Registry {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Registry {
-    /// With `tls`: the directory of `server-cert.pem` and `server-key.pem` (HTTPS).
-    fn start(tls: Option<&std::path::Path>) -> Registry {
-        let dir = tempfile::tempdir().unwrap();
-        let htpasswd = dir.path().join("htpasswd");
-        let hash = bcrypt::hash(PASSWORD, 5).unwrap();
-        std::fs::write(&htpasswd, format!("{USER}:{hash}\n")).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{}auth:\n  htpasswd:\n    realm: runcell-test\n    path: {}\n",
-                dir.path().join("data").display(),
-                tls.map(|d| format!(
-                    "  tls:\n    certificate: {}\n    key: {}\n",
-                    d.join("server-cert.pem").display(),
-                    d.join("server-key.pem").display()
-                ))
-                .unwrap_or_default(),
-                htpasswd.display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new(REGISTRY)
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let registry = Registry {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "docker-registry did not listen on 127.0.0.1:{port}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        registry
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Removes the local copy of the pushed tag, now and on drop.
-struct LocalTag(String);
-
-impl LocalTag {
-    fn remove(&self) {
-        let _ = Command::new("docker")
-            .args(["rmi", "-f", &self.0])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-impl Drop for LocalTag {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
 
 /// The whole text of an error: message, context and every source.
 fn all_text(e: &runcell_core::Error) -> String {
@@ -379,40 +271,4 @@ async fn pull_and_run(driver: &DockerDriver, spec: &RunSpec, local: &LocalTag) {
     assert!(out.status.success(), "{}", out.status);
     run.stop().await.unwrap();
     local.remove();
-}
-
-/// Tags the suite's image as `<host>/<repo>/busybox:<unique>`, pushes it with a login of
-/// the test's own, and removes the local copy (so that a run must pull it).
-fn push_test_image(host: &str, repo: &str) -> (String, LocalTag) {
-    let unique = format!("{}-{}", std::process::id(), rand_suffix());
-    let tag = format!("{host}/{repo}/busybox:{unique}");
-    let image = std::env::var("SANDBOX_CONFORMANCE_IMAGE")
-        .unwrap_or_else(|_| "sandbox-test/busybox:latest".into());
-    let local = LocalTag(tag.clone());
-    let login = tempfile::tempdir().unwrap();
-    let login_dir = login.path().to_str().unwrap();
-    docker(&["tag", &image, &tag], None);
-    docker(
-        &[
-            "--config",
-            login_dir,
-            "login",
-            "-u",
-            USER,
-            "--password-stdin",
-            host,
-        ],
-        Some(PASSWORD),
-    );
-    docker(&["--config", login_dir, "push", &tag], None);
-    local.remove();
-    (tag, local)
-}
-
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        .into()
 }

@@ -312,6 +312,7 @@ fn start_error(readiness: &Readiness, image: &str, working_dir: &str) -> Option<
             )
             .with_field("image")
             .with("image", image)
+            .with("registry", runcell_core::registry_of(image))
             .with("reason", reason)
         }
         Readiness::Stuck { reason, message } => Error::new(

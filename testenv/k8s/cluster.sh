@@ -372,12 +372,19 @@ lock() {
   flock 9
 }
 
+# The node provider's own unit tests (image pull rules, status mapping).
+cmd_unit() {
+  command -v "$GO" >/dev/null || die "go not found (set GO=...)"
+  (cd "$here/node" && GOFLAGS="-mod=readonly -buildvcs=false" "$GO" test ./provider/)
+}
+
 case ${1:-} in
 up) lock && cmd_up ;;
 down) lock && cmd_down ;;
 status) cmd_status ;;
+unit) cmd_unit ;;
 *)
-  echo "usage: $0 up|down|status" >&2
+  echo "usage: $0 up|down|status|unit" >&2
   exit 2
   ;;
 esac

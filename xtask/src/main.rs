@@ -242,6 +242,7 @@ fn main() -> Result<()> {
 
 /// The cluster smoke test, the suite on the `k8s` driver, and the leftover check.
 fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
+    k8s::run("unit")?;
     k8s::smoke(admin)?;
     let restricted = k8s::restricted_kubeconfig(admin)?;
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
@@ -273,7 +274,19 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
     for sub in sessions {
         k8s::assert_no_leftovers(admin, &sub)?;
     }
-    // The `sandbox` CLI on the cluster, as the same restricted ServiceAccount.
+    // A private pull through imagePullSecrets from a registry on loopback, and the
+    // `sandbox` CLI on the cluster, as the same restricted ServiceAccount.
+    cargo(
+        &[
+            "test",
+            "--quiet",
+            "-p",
+            "runcell-k8s",
+            "--test",
+            "private_pull",
+        ],
+        &[("KUBECONFIG", restricted), ("SANDBOX_TEST", "k8s")],
+    )?;
     cargo(
         &["test", "--quiet", "-p", "runcell-cli", "--test", "k8s"],
         &[

@@ -2,6 +2,8 @@
 //! `openssl` in a test's directory.
 #![allow(dead_code)]
 
+pub mod registry;
+
 use std::path::Path;
 use std::process::Command;
 

@@ -99,6 +99,20 @@ func (p *Provider) ensureContainer(ctx context.Context, rec *podRecord, pod *cor
 	}
 
 	img, err := p.docker.ImageInspect(ctx, c.Image)
+	if domain, ok := loopbackRegistry(c.Image); ok && c.ImagePullPolicy != corev1.PullNever &&
+		(client.IsErrNotFound(err) || (err == nil && c.ImagePullPolicy == corev1.PullAlways)) {
+		// As a kubelet: pull, with the pod's imagePullSecrets.
+		if pullErr := p.pull(ctx, pod, c.Image, domain); pullErr != nil {
+			reason := "ErrImagePull"
+			if attempt > 0 {
+				reason = "ImagePullBackOff"
+			}
+			p.setContainerWaiting(rec, c.Name, reason,
+				fmt.Sprintf("Failed to pull image %q: %v", c.Image, pullErr))
+			return "", errWaiting
+		}
+		img, err = p.docker.ImageInspect(ctx, c.Image)
+	}
 	if err != nil {
 		if reason, msg, ok := imageWaiting(c, err, attempt); ok {
 			p.setContainerWaiting(rec, c.Name, reason, msg)

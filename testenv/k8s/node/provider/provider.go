@@ -6,7 +6,11 @@
 //   - Every container is created with NetworkMode "none", Docker's init process as
 //     PID 1 (Init: true) and labels naming the pod (see labels.go) so that the
 //     containers of this provider can always be found again.
-//   - Images are never pulled. As a kubelet would, a reference that does not parse
+//   - Images are pulled only from registries on loopback (127.0.0.0/8, ::1,
+//     localhost), with the credentials of the pod's imagePullSecrets, so that no test
+//     sends traffic off the machine; other images are never pulled. As a kubelet would,
+//     a failed pull leaves the container Waiting with ErrImagePull, then
+//     ImagePullBackOff, and a reference that does not parse
 //     leaves the container Waiting with reason InvalidImageName; a missing image with
 //     reason ErrImageNeverPull (pull policy Never) or ErrImagePull (first attempt) and
 //     then ImagePullBackOff (retries).

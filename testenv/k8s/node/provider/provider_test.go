@@ -165,3 +165,24 @@ func TestImageWaitingLikeAKubelet(t *testing.T) {
 		}
 	}
 }
+
+// Only registries on this machine are pulled from.
+func TestLoopbackRegistry(t *testing.T) {
+	for _, tc := range []struct {
+		ref, domain string
+		ok          bool
+	}{
+		{"127.0.0.1:5000/t/img:1", "127.0.0.1:5000", true},
+		{"localhost:5000/img", "localhost:5000", true},
+		{"[::1]:5000/img", "[::1]:5000", true},
+		{"127.9.9.9/img", "127.9.9.9", true},
+		{"sandbox-test/busybox:latest", "docker.io", false},
+		{"10.0.0.1:5000/img", "10.0.0.1:5000", false},
+		{"registry.example/img", "registry.example", false},
+	} {
+		domain, ok := loopbackRegistry(tc.ref)
+		if domain != tc.domain || ok != tc.ok {
+			t.Errorf("loopbackRegistry(%q) = %q, %v; want %q, %v", tc.ref, domain, ok, tc.domain, tc.ok)
+		}
+	}
+}
