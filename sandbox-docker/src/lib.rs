@@ -98,6 +98,24 @@ pub struct DockerDriver {
     address: String,
     credentials: Vec<RegistryCredentials>,
     docker_config_dir: Option<PathBuf>,
+    /// Whether the engine enforces resource limits (see [`enforces_limits`]).
+    limits: bool,
+}
+
+/// Whether an engine enforces memory, CPU and pids limits: not when it runs rootless on
+/// cgroup v1 (rootless Docker and Podman then accept the limits and ignore them), nor
+/// without a cgroup manager (`cgroupfs` off: driver `none`). Such an engine's capabilities
+/// say so, and a spec with limits is refused naming the field instead of running
+/// unlimited.
+fn enforces_limits(info: &bollard::models::SystemInfo) -> bool {
+    use bollard::models::{SystemInfoCgroupDriverEnum as Driver, SystemInfoCgroupVersionEnum as V};
+    let rootless = info
+        .security_options
+        .iter()
+        .flatten()
+        .any(|o| o.split(',').any(|part| part == "name=rootless"));
+    let v1 = matches!(info.cgroup_version, Some(V::_1));
+    !(rootless && v1) && !matches!(info.cgroup_driver, Some(Driver::NONE))
 }
 
 impl DockerConfig {
@@ -217,11 +235,17 @@ impl DockerDriver {
         .map_err(unavailable)?
         .with_timeout(timeout);
         let docker = docker.negotiate_version().await.map_err(unavailable)?;
+        let info = docker.info().await.map_err(unavailable)?;
+        let limits = enforces_limits(&info);
+        if !limits {
+            tracing::info!(%address, "the engine does not enforce resource limits (rootless on cgroup v1): memory, CPU and pids limits are unsupported");
+        }
         Ok(DockerDriver {
             docker,
             address,
             credentials: config.credentials,
             docker_config_dir: config.docker_config_dir,
+            limits,
         })
     }
 
@@ -269,6 +293,7 @@ impl DockerDriver {
             address: "(caller's client)".into(),
             credentials: Vec::new(),
             docker_config_dir: None,
+            limits: true,
         }
     }
 
@@ -336,9 +361,9 @@ impl DockerDriver {
             .workspace_mount(true)
             .exec_user(true)
             .user_names(true)
-            .memory_limit(true)
-            .cpu_limit(true)
-            .pids_limit(true)
+            .memory_limit(self.limits)
+            .cpu_limit(self.limits)
+            .pids_limit(self.limits)
             .network_none(true)
             .read_only_rootfs(true)
             .cap_drop(true)
@@ -898,7 +923,35 @@ async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<ByteStream
 
 #[cfg(test)]
 mod tests {
-    use super::{default_host, split_tag};
+    use super::{default_host, enforces_limits, split_tag};
+
+    /// Limits are declared only where the engine enforces them.
+    #[test]
+    fn rootless_on_cgroup_v1_has_no_limits() {
+        use bollard::models::{
+            SystemInfo, SystemInfoCgroupDriverEnum as D, SystemInfoCgroupVersionEnum as V,
+        };
+        let info = |options: &[&str], v: V, d: D| SystemInfo {
+            security_options: Some(options.iter().map(|o| o.to_string()).collect()),
+            cgroup_version: Some(v),
+            cgroup_driver: Some(d),
+            ..SystemInfo::default()
+        };
+        let seccomp = "name=seccomp,profile=default";
+        assert!(enforces_limits(&info(&[seccomp], V::_1, D::CGROUPFS)));
+        assert!(enforces_limits(&info(
+            &[seccomp, "name=rootless"],
+            V::_2,
+            D::SYSTEMD
+        )));
+        assert!(!enforces_limits(&info(
+            &[seccomp, "name=rootless"],
+            V::_1,
+            D::CGROUPFS
+        )));
+        assert!(!enforces_limits(&info(&[seccomp], V::_2, D::NONE)));
+        assert!(enforces_limits(&SystemInfo::default()));
+    }
 
     /// The address without a configured host: the environment first, then the first
     /// socket that exists, Docker's before Podman's.
