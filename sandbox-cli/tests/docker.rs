@@ -6,6 +6,8 @@
 //! (`cargo xtask test-images`, or `SANDBOX_CONFORMANCE_IMAGE`).
 
 mod common;
+#[path = "../../sandbox-docker/tests/common/registry.rs"]
+mod registry;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -633,7 +635,7 @@ fn a_pull_shows_progress() {
     let Some(sb) = sandbox("pull-progress") else {
         return;
     };
-    let Some(registry) = Registry::start() else {
+    let Some(registry) = loopback_registry() else {
         return;
     };
     let tag = format!("127.0.0.1:{}/t/busybox:{}", registry.port, sb.label_value);
@@ -710,83 +712,37 @@ fn a_pull_shows_progress() {
     sb.assert_nothing_left();
 }
 
-/// `docker-registry serve` on 127.0.0.1 with storage in a temporary directory.
-struct Registry {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Registry {
-    fn start() -> Option<Registry> {
-        let binary = "/usr/bin/docker-registry";
-        if !std::path::Path::new(binary).exists() {
-            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-            let root = std::process::Command::new("id")
-                .arg("-u")
-                .output()
-                .is_ok_and(|o| text(&o.stdout).trim() == "0");
-            if ci && root {
-                eprintln!("installing docker-registry (apt-get) for the pull test");
-                let _ = std::process::Command::new("apt-get")
-                    .args(["update", "-qq"])
-                    .status();
-                let _ = std::process::Command::new("apt-get")
-                    .args(["install", "-y", "-qq", "docker-registry"])
-                    .env("DEBIAN_FRONTEND", "noninteractive")
-                    .status();
-            }
-            if !std::path::Path::new(binary).exists() {
-                if common::strict("docker") {
-                    panic!("{binary} is missing: apt-get install docker-registry");
-                }
-                eprintln!(
-                    "\n*** SKIPPED a_pull_shows_progress: {binary} is missing (apt-get install docker-registry)"
-                );
-                return None;
-            }
+/// `docker-registry serve` on 127.0.0.1, without auth (the shared test helper), when the
+/// binary is there (installed with apt-get in CI).
+fn loopback_registry() -> Option<registry::Registry> {
+    let binary = "/usr/bin/docker-registry";
+    if !std::path::Path::new(binary).exists() {
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| text(&o.stdout).trim() == "0");
+        if ci && root {
+            eprintln!("installing docker-registry (apt-get) for the pull test");
+            let _ = std::process::Command::new("apt-get")
+                .args(["update", "-qq"])
+                .status();
+            let _ = std::process::Command::new("apt-get")
+                .args(["install", "-y", "-qq", "docker-registry"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status();
         }
-        let dir = tempfile::tempdir().unwrap();
-        // A free port: bind, note, release.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let child = std::process::Command::new(binary)
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let registry = Registry {
-            child,
-            port,
-            _dir: dir,
-        };
-        let up = eventually(Duration::from_secs(20), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        assert!(up, "docker-registry did not listen on 127.0.0.1:{port}");
-        Some(registry)
+        if !std::path::Path::new(binary).exists() {
+            if common::strict("docker") {
+                panic!("{binary} is missing: apt-get install docker-registry");
+            }
+            eprintln!(
+                "\n*** SKIPPED a_pull_shows_progress: {binary} is missing (apt-get install docker-registry)"
+            );
+            return None;
+        }
     }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Some(registry::Registry::open())
 }
 
 #[test]

@@ -100,6 +100,9 @@ pub struct DockerDriver {
     docker_config_dir: Option<PathBuf>,
     /// Whether the engine enforces resource limits (see [`enforces_limits`]).
     limits: bool,
+    /// Whether the engine is Podman (its Docker-compatible API), whose rename does not
+    /// arbitrate racing pool claims.
+    podman: bool,
 }
 
 /// Whether an engine enforces memory, CPU and pids limits: not when it runs rootless on
@@ -115,7 +118,8 @@ fn enforces_limits(info: &bollard::models::SystemInfo) -> bool {
         .flatten()
         .any(|o| o.split(',').any(|part| part == "name=rootless"));
     let v1 = matches!(info.cgroup_version, Some(V::_1));
-    !(rootless && v1) && !matches!(info.cgroup_driver, Some(Driver::NONE))
+    let unmanaged = matches!(info.cgroup_driver, Some(Driver::NONE));
+    !(unmanaged || rootless && v1)
 }
 
 impl DockerConfig {
@@ -176,6 +180,10 @@ fn tls_files(dir: &std::path::Path) -> Result<[PathBuf; 3]> {
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
+/// The file whose exclusive creation claims a pooled target on Podman, in the CA
+/// directory ([`ca::DIR`]), which a pooled target keeps writable whatever its user and
+/// root filesystem.
+const CLAIM_MARK: &str = ".claimed";
 /// Rootful Podman's API socket (`systemctl enable --now podman.socket`).
 const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
 
@@ -237,6 +245,12 @@ impl DockerDriver {
         let docker = docker.negotiate_version().await.map_err(unavailable)?;
         let info = docker.info().await.map_err(unavailable)?;
         let limits = enforces_limits(&info);
+        let version = docker.version().await.map_err(unavailable)?;
+        let podman = version
+            .components
+            .iter()
+            .flatten()
+            .any(|c| c.name.contains("Podman"));
         if !limits {
             tracing::info!(%address, "the engine does not enforce resource limits (rootless on cgroup v1): memory, CPU and pids limits are unsupported");
         }
@@ -246,6 +260,7 @@ impl DockerDriver {
             credentials: config.credentials,
             docker_config_dir: config.docker_config_dir,
             limits,
+            podman,
         })
     }
 
@@ -294,6 +309,7 @@ impl DockerDriver {
             credentials: Vec::new(),
             docker_config_dir: None,
             limits: true,
+            podman: false,
         }
     }
 
@@ -374,6 +390,26 @@ impl DockerDriver {
             .attach(true)
             .system_trust_store(true)
             .pool(true)
+    }
+
+    /// Creates [`CLAIM_MARK`] in the ready pooled target `id` unless it exists: `true` for
+    /// the one claim that created it, `false` for the others and for a target gone.
+    async fn mark_claimed(&self, id: &str) -> Result<bool> {
+        let script = format!("set -C; : > {}/{CLAIM_MARK}", ca::DIR);
+        let mut process = match self.exec_raw(id, RawExec::new(["sh", "-c", &script])).await {
+            Ok(process) => process,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::RunLost) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        drop(process.stdin.take());
+        while let Some(chunk) = process.output.next().await {
+            chunk.map_err(|e| {
+                Error::new(ErrorKind::Backend, "the claim exec broke").with_source(e)
+            })?;
+        }
+        Ok(process.status.status().await?.success())
     }
 
     /// Names the daemon address in errors that say it could not be reached.
@@ -730,8 +766,16 @@ impl Backend for DockerDriver {
             .map_err(|e| self.locate(error::map("rename container", e).with("run", run_id)))
     }
 
+    /// On Podman the rename is not trusted alone: its compatibility API resolves the
+    /// name, then renames by id, and under load in CI two claims once got one target
+    /// (racing renames by hand always had one winner; the cause is not pinned down). So
+    /// the target's own filesystem arbitrates first: creating `/etc/sandbox/.claimed` with
+    /// `O_EXCL` (the shell's noclobber) succeeds for one claim only, whatever the cause.
     async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
         let from = self.pool_id(&plan.id, PoolState::Ready);
+        if self.podman && !self.mark_claimed(&from).await? {
+            return Ok(false);
+        }
         match self
             .docker
             .rename_container(

@@ -494,7 +494,13 @@ impl Backend for K8sDriver {
                         && meta(&pod, false, labels::POOL_STATE).as_deref()
                             == Some(labels::POOL_READY);
                     if !ready {
-                        tracing::debug!(run = id, "claim lost: the pod is no longer ready");
+                        tracing::debug!(
+                            run = id,
+                            state = ?meta(&pod, false, labels::POOL_STATE),
+                            claim = ?meta(&pod, true, pod::CLAIM_ANNOTATION),
+                            deleting = pod.as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+                            "claim lost: the pod is no longer ready: {e}"
+                        );
                         return Ok(false);
                     }
                     tracing::debug!(run = id, "the claim patch failed on a ready pod: {e}");

@@ -364,6 +364,8 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
         }
         let child = Command::new(cargo)
             .args(&argv)
+            // What a failing pool case needs to be understood: claims lost and why.
+            .env("RUST_LOG", "runcell_k8s=debug,runcell_core::pool=debug")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("SANDBOX_TEST", suite.driver)
             .stdout(log.try_clone()?)

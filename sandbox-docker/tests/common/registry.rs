@@ -40,8 +40,18 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// With `tls`: the directory of `server-cert.pem` and `server-key.pem` (HTTPS).
+    /// With basic auth ([`USER`], [`PASSWORD`]); with `tls`: the directory of
+    /// `server-cert.pem` and `server-key.pem` (HTTPS).
     pub fn start(tls: Option<&std::path::Path>) -> Registry {
+        Registry::start_with(true, tls)
+    }
+
+    /// Without auth or TLS.
+    pub fn open() -> Registry {
+        Registry::start_with(false, None)
+    }
+
+    fn start_with(auth: bool, tls: Option<&std::path::Path>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let htpasswd = dir.path().join("htpasswd");
         let hash = bcrypt::hash(PASSWORD, 5).unwrap();
@@ -55,7 +65,7 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{}auth:\n  htpasswd:\n    realm: runcell-test\n    path: {}\n",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{}{}",
                 dir.path().join("data").display(),
                 tls.map(|d| format!(
                     "  tls:\n    certificate: {}\n    key: {}\n",
@@ -63,7 +73,14 @@ impl Registry {
                     d.join("server-key.pem").display()
                 ))
                 .unwrap_or_default(),
-                htpasswd.display()
+                if auth {
+                    format!(
+                        "auth:\n  htpasswd:\n    realm: runcell-test\n    path: {}\n",
+                        htpasswd.display()
+                    )
+                } else {
+                    String::new()
+                }
             ),
         )
         .unwrap();
