@@ -58,6 +58,16 @@ impl AuditDriver {
         Ok(Arc::new(AuditDriver::new(docker)))
     }
 
+    /// Drops the count of `id`, logging it with `what` happened.
+    fn forget(&self, id: &str, what: &str) {
+        let execs = self
+            .execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        tracing::info!(run = id, execs, "{what}");
+    }
+
     /// How many execs run `id` has started (the library's own included).
     pub fn exec_count(&self, id: &str) -> u64 {
         let execs = self.execs.lock().unwrap_or_else(|p| p.into_inner());
@@ -86,12 +96,7 @@ impl Backend for AuditDriver {
     }
 
     async fn remove_target(&self, id: &str) -> Result<()> {
-        let execs = self
-            .execs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-        tracing::info!(run = id, execs, "stop");
+        self.forget(id, "stop");
         self.inner.remove_target(id).await
     }
 
@@ -157,12 +162,7 @@ impl Backend for AuditDriver {
     }
 
     async fn pool_remove(&self, run_id: &str) -> Result<()> {
-        let execs = self
-            .execs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(run_id);
-        tracing::info!(run = run_id, execs, "pool remove");
+        self.forget(run_id, "pool remove");
         self.inner.pool_remove(run_id).await
     }
 }
