@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::run::Run;
@@ -21,20 +22,24 @@ use crate::run::Run;
 /// on an error path).
 pub(crate) struct CreateGuard {
     remove: Option<Remover>,
+    in_flight: TaskTracker,
     key: u64,
 }
 
 impl CreateGuard {
-    /// Arms the guard with an idempotent removal of everything the create may make.
-    pub fn new<F, Fut>(remove: F) -> CreateGuard
+    /// Arms the guard with an idempotent removal of everything the create may make;
+    /// `in_flight` tracks the create's requests that run on when it is cancelled
+    /// ([`crate::raw::Plan::uncancelled`]).
+    pub fn new<F, Fut>(in_flight: &TaskTracker, remove: F) -> CreateGuard
     where
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
         let remove: Remover = Arc::new(move || Box::pin(remove()));
-        let key = register(Guarded::Creating(remove.clone()));
+        let key = register(Guarded::Creating(remove.clone(), in_flight.clone()));
         CreateGuard {
             remove: Some(remove),
+            in_flight: in_flight.clone(),
             key,
         }
     }
@@ -77,11 +82,13 @@ impl Drop for CreateGuard {
                 tracing::error!("could not remove a cancelled run: {e}");
             }
         });
-        // Once more a little later, in case a create request was still in flight.
+        // Once more after the create's requests settled: an engine may still make an
+        // object after the client hung up. Not awaited here: on a current-thread runtime
+        // the requests cannot advance while this drop blocks.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let in_flight = self.in_flight.clone();
             handle.spawn(async move {
-                tokio::time::sleep(CREATE_RETRY_DELAY).await;
-                if let Err(e) = remove().await {
+                if let Err(e) = remove_when_settled(&remove, &in_flight).await {
                     tracing::error!("could not remove a cancelled run: {e}");
                 }
             });
@@ -102,8 +109,28 @@ pub struct RunGuard {
     stopped: std::sync::atomic::AtomicBool,
 }
 
-/// When a cancelled create's removal is repeated, for a request that was still in flight.
+/// A cancelled create's removal is repeated once its tracked requests settled, and not
+/// before this (for a backend whose requests are not tracked).
 const CREATE_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// How long a cancelled create's removal waits for its requests to settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The later removal of a cancelled create: once its requests settled (or
+/// [`SETTLE_TIMEOUT`] passed) and at least [`CREATE_RETRY_DELAY`] after the first.
+async fn remove_when_settled(remove: &Remover, in_flight: &TaskTracker) -> Result<()> {
+    in_flight.close();
+    let settled = async {
+        if tokio::time::timeout(SETTLE_TIMEOUT, in_flight.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("a cancelled create's requests did not settle; removing it anyway");
+        }
+    };
+    tokio::join!(settled, tokio::time::sleep(CREATE_RETRY_DELAY));
+    remove().await
+}
 
 /// How long a drop may block on stopping the run.
 const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -113,7 +140,7 @@ type Remover = Arc<dyn Fn() -> BoxFuture<'static, Result<()>> + Send + Sync>;
 /// What the signal handler must stop: runs held by guards, and runs being created.
 enum Guarded {
     Run(Weak<dyn Run>),
-    Creating(Remover),
+    Creating(Remover, TaskTracker),
 }
 
 static GUARDED: Mutex<BTreeMap<u64, Guarded>> = Mutex::new(BTreeMap::new());
@@ -195,14 +222,14 @@ pub async fn stop_guarded_runs() {
                     Box::pin(async move { run.stop().await });
                 stop
             }),
-            // At once, and again a little later: a create request still in flight may make
-            // its target after the first removal (as in `CreateGuard::drop`).
-            Guarded::Creating(remove) => {
-                let remove = remove.clone();
+            // At once, and again once its requests settled: a create request still in
+            // flight may make its target after the first removal (as in
+            // `CreateGuard::drop`).
+            Guarded::Creating(remove, in_flight) => {
+                let (remove, in_flight) = (remove.clone(), in_flight.clone());
                 let twice: BoxFuture<'static, Result<()>> = Box::pin(async move {
                     let first = remove().await;
-                    tokio::time::sleep(CREATE_RETRY_DELAY).await;
-                    remove().await.and(first)
+                    remove_when_settled(&remove, &in_flight).await.and(first)
                 });
                 Some(twice)
             }
@@ -270,5 +297,47 @@ impl Drop for RunGuard {
                 Err(_) => tracing::error!(run = %id, "dropped run: stop timed out"),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// An engine may make the object after the client hung up: a cancelled create is
+    /// removed again once its requests settled, however long they take, not only after a
+    /// fixed delay.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_create_is_removed_after_its_requests_settle() {
+        let exists = Arc::new(AtomicBool::new(false));
+        let removals = Arc::new(AtomicU64::new(0));
+        let in_flight = TaskTracker::new();
+        let guard = {
+            let (exists, removals) = (exists.clone(), removals.clone());
+            CreateGuard::new(&in_flight, move || {
+                let (exists, removals) = (exists.clone(), removals.clone());
+                async move {
+                    exists.store(false, Ordering::SeqCst);
+                    removals.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+        };
+        // The create request: the engine makes the object 10 s later, whoever waits.
+        drop({
+            let exists = exists.clone();
+            in_flight.spawn(async move {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                exists.store(true, Ordering::SeqCst);
+            })
+        });
+        drop(guard);
+        assert_eq!(removals.load(Ordering::SeqCst), 1, "removed at once");
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(removals.load(Ordering::SeqCst), 1, "waits for the request");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(removals.load(Ordering::SeqCst), 2, "removed once more");
+        assert!(!exists.load(Ordering::SeqCst), "the late object was left");
     }
 }

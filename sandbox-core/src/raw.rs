@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
+use tokio_util::task::TaskTracker;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
@@ -75,6 +76,9 @@ pub struct Plan<'a> {
     pub stale_labels: Vec<String>,
     /// Where progress goes (the caller's callback, if any).
     progress: Option<ProgressFn>,
+    /// The requests run through [`Plan::uncancelled`]: a cancelled create removes the
+    /// target again once they settled.
+    in_flight: TaskTracker,
 }
 
 impl fmt::Debug for Plan<'_> {
@@ -97,6 +101,22 @@ impl Plan<'_> {
         if let Some(f) = &self.progress {
             f(event);
         }
+    }
+
+    /// Runs `request` to its end even when the create is cancelled (its future dropped)
+    /// meanwhile. Send every request that makes an object (a container, a pod, a secret)
+    /// through this: an engine may still make the object after the client hung up, and
+    /// a cancelled create removes the target once more after these requests settled, so
+    /// that nothing it made can appear after its removal.
+    pub async fn uncancelled<T, F>(&self, request: F) -> Result<T>
+    where
+        F: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.in_flight
+            .spawn(request)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, "a create request failed").with_source(e))?
     }
 }
 
@@ -348,6 +368,7 @@ impl<B: Backend> Driver for B {
             spec,
             pool: None,
             stale_labels: Vec::new(),
+            in_flight: TaskTracker::new(),
         };
         tracing::Instrument::instrument(create_run(self, plan), span).await
     }
@@ -394,13 +415,14 @@ impl<B: Backend> Driver for B {
             pool: Some(key.to_string()),
             stale_labels: Vec::new(),
             progress: None,
+            in_flight: TaskTracker::new(),
         };
         let warm = async {
             // Removes the target in whichever state it got to, unless someone claimed it;
             // after the create, the returned `Warm` carries it.
             let guard = {
                 let (backend, run_id) = (self.clone(), run_id.clone());
-                CreateGuard::new(move || {
+                CreateGuard::new(&plan.in_flight, move || {
                     let (backend, run_id) = (backend.clone(), run_id.clone());
                     async move { backend.pool_remove(&run_id).await }
                 })
@@ -471,6 +493,7 @@ impl<B: Backend> Driver for B {
             pool: Some(key),
             stale_labels,
             progress: options.progress,
+            in_flight: TaskTracker::new(),
         };
         let span = tracing::debug_span!("pool.claim", driver = B::NAME, run = %run_id);
         let claim = async {
@@ -496,7 +519,7 @@ impl<B: Backend> Driver for B {
             // Ours now: a dropped future or a failure removes it like a failed create.
             let guard = {
                 let (backend, id) = (self.clone(), run_id.clone());
-                CreateGuard::new(move || {
+                CreateGuard::new(&plan.in_flight, move || {
                     let (backend, id) = (backend.clone(), id.clone());
                     async move { backend.remove_target(&id).await }
                 })
@@ -608,7 +631,7 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
     // From here on, a dropped future or a signal removes whatever the backend made.
     let guard = {
         let (backend, id) = (backend.clone(), id.clone());
-        CreateGuard::new(move || {
+        CreateGuard::new(&plan.in_flight, move || {
             let (backend, id) = (backend.clone(), id.clone());
             async move { backend.remove_target(&id).await }
         })

@@ -644,10 +644,15 @@ impl Backend for DockerDriver {
         let options = CreateContainerOptionsBuilder::default()
             .name(&plan.id)
             .build();
-        self.docker
-            .create_container(Some(options), body)
-            .await
-            .map_err(|e| error::map("create container", e).with("image", &spec.image))?;
+        let docker = self.docker.clone();
+        let image = spec.image.clone();
+        plan.uncancelled(async move {
+            docker
+                .create_container(Some(options), body)
+                .await
+                .map_err(|e| error::map("create container", e).with("image", &image))
+        })
+        .await?;
         self.set_up(&plan.id, plan).await
     }
 

@@ -266,21 +266,28 @@ impl Backend for K8sDriver {
         );
         if let Some(secret) = &secret {
             plan.report(Progress::Step("creating the CA secret".into()));
-            self.secrets()
-                .create(&PostParams::default(), secret)
-                .await
-                .map_err(|e| error::map("create CA secret", e).with("run", id))?;
+            let (secrets, secret, run) = (self.secrets(), secret.clone(), id.to_string());
+            plan.uncancelled(async move {
+                secrets
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .map_err(|e| error::map("create CA secret", e).with("run", run))
+            })
+            .await?;
         }
         plan.report(Progress::Step("creating the pod".into()));
-        let created = self
-            .pods()
-            .create(&PostParams::default(), &pod)
-            .await
-            .map_err(|e| {
-                error::map("create pod", e)
-                    .with("run", id)
-                    .with("image", &spec.image)
-            })?;
+        let (pods, run, image) = (self.pods(), id.to_string(), spec.image.clone());
+        let created = plan
+            .uncancelled(async move {
+                pods.create(&PostParams::default(), &pod)
+                    .await
+                    .map_err(|e| {
+                        error::map("create pod", e)
+                            .with("run", run)
+                            .with("image", image)
+                    })
+            })
+            .await?;
         if secret.is_some() {
             // At once, so that the window in which a crash could orphan it is tiny.
             let uid = created.metadata.uid.unwrap_or_default();

@@ -383,13 +383,43 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
             started.elapsed().as_secs_f64()
         );
         if !status.success() {
-            failed.push(label);
+            failed.push((label, log));
         }
     }
     if !failed.is_empty() {
-        bail!("suites failed: {}", failed.join(", "));
+        // Last, where a truncated CI log still shows it: what failed and why.
+        for (label, log) in &failed {
+            eprintln!("==== failures of suite {label} ====\n{}", failures(log));
+        }
+        let labels: Vec<&str> = failed.iter().map(|(label, _)| *label).collect();
+        bail!("suites failed: {}", labels.join(", "));
     }
     Ok(sessions)
+}
+
+/// The failures section of a libtest log (each failed case's output and the list),
+/// without backtrace frames and at most 200 lines.
+fn failures(log: &str) -> String {
+    let Some(start) = log.find("\nfailures:\n") else {
+        return "(no failures section: see the log above)".into();
+    };
+    let frame = |line: &str| {
+        let t = line.trim_start();
+        t.starts_with("at ")
+            || t.split_once(": ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let lines: Vec<&str> = log[start + 1..].lines().filter(|l| !frame(l)).collect();
+    let mut out = lines
+        .iter()
+        .take(200)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n");
+    if lines.len() > 200 {
+        out.push_str("\n[… cut: see target/xtask-logs]");
+    }
+    out
 }
 
 /// The drivers `cargo xtask test` runs the suite on.
@@ -488,4 +518,22 @@ fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
         bail!("cargo {} failed: {status}", args.join(" "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn failures_keep_messages_and_drop_frames() {
+        let log = "test a ... ok\ntest b ... FAILED\n\nfailures:\n\n---- k8s::b stdout ----\n\
+                   Error: cancelled creates left [\"sbx-1\"]\nstack backtrace:\n   0: main\n\
+                   \x20            at ./src/main.rs:3:5\n\nfailures:\n    k8s::b\n";
+        let out = super::failures(log);
+        assert!(out.contains("cancelled creates left"), "{out}");
+        assert!(out.contains("    k8s::b"), "{out}");
+        assert!(
+            !out.contains("main.rs") && !out.contains("0: main"),
+            "{out}"
+        );
+        assert!(super::failures("test a ... ok\n").contains("no failures section"));
+    }
 }
