@@ -375,7 +375,7 @@ lock() {
 # The node provider's own unit tests (image pull rules, status mapping).
 cmd_unit() {
   command -v "$GO" >/dev/null || die "go not found (set GO=...)"
-  (cd "$here/node" && GOFLAGS="-mod=readonly -buildvcs=false" "$GO" test ./provider/)
+  (cd "$here/node" && GOFLAGS="-mod=readonly -buildvcs=false" "$GO" test . ./provider/)
 }
 
 case ${1:-} in

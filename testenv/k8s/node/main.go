@@ -137,7 +137,7 @@ func run(ctx context.Context, o options) error {
 			// node Ready once the controllers run and keeps status and Lease fresh.
 			return p, nil, err
 		},
-		nodeutil.WithClient(clientset),
+		nodeutil.WithClient(statusPatching{clientset}),
 		func(cfg *nodeutil.NodeConfig) error {
 			cfg.HTTPListenAddr = o.listenAddr
 			cfg.Handler = mux
