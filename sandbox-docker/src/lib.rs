@@ -36,6 +36,8 @@ mod body;
 mod credentials;
 mod error;
 mod exec;
+#[cfg(feature = "ssh")]
+mod ssh;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -89,6 +91,16 @@ pub struct DockerConfig {
     /// docker CLI, TLS when `DOCKER_TLS_VERIFY` is set, from `DOCKER_CERT_PATH` (else
     /// `~/.docker`). Needs the `tls` feature (on by default).
     pub cert_path: Option<PathBuf>,
+    /// The private key for an `ssh://[user@]host[:port]` daemon (`ssh -i`); default: the
+    /// ssh client's own configuration (`~/.ssh/config`, the agent, default keys). An
+    /// `ssh://` daemon is reached as the docker CLI reaches it: the system's `ssh` runs
+    /// `docker system dial-stdio` on the remote (never prompting). Needs the `ssh` feature
+    /// (on by default).
+    pub ssh_key: Option<PathBuf>,
+    /// For an `ssh://` host: the `known_hosts` file its host key is checked against
+    /// (strictly: an unknown or changed key is refused). Default: the ssh client's own
+    /// configuration (`~/.ssh/known_hosts`; never prompted, so an unknown host fails).
+    pub ssh_known_hosts: Option<PathBuf>,
 }
 
 /// The Docker driver.
@@ -110,20 +122,53 @@ pub struct DockerDriver {
 /// without a cgroup manager (`cgroupfs` off: driver `none`). Such an engine's capabilities
 /// say so, and a spec with limits is refused naming the field instead of running
 /// unlimited.
-fn enforces_limits(info: &bollard::models::SystemInfo) -> bool {
+/// `podman_rootless`: what Podman's `/info` says in its `Rootless` field (Podman does not
+/// list `name=rootless` among its security options, and bollard's `SystemInfo` has no
+/// such field; see [`podman_rootless`]).
+fn enforces_limits(info: &bollard::models::SystemInfo, podman_rootless: bool) -> bool {
     use bollard::models::{SystemInfoCgroupDriverEnum as Driver, SystemInfoCgroupVersionEnum as V};
-    let rootless = info
-        .security_options
-        .iter()
-        .flatten()
-        .any(|o| o.split(',').any(|part| part == "name=rootless"));
+    let rootless = podman_rootless
+        || info
+            .security_options
+            .iter()
+            .flatten()
+            .any(|o| o.split(',').any(|part| part == "name=rootless"));
     let v1 = matches!(info.cgroup_version, Some(V::_1));
     let unmanaged = matches!(info.cgroup_driver, Some(Driver::NONE));
     !(unmanaged || rootless && v1)
 }
 
+/// Whether the Podman service on `socket` runs rootless: the `Rootless` field of its
+/// `/info`, read with a request of our own (bollard's `SystemInfo` drops the field).
+/// False when it cannot be read (then only `name=rootless` counts).
+async fn podman_rootless(socket: &str) -> bool {
+    use http_body_util::BodyExt;
+    let read = async {
+        let stream = tokio::net::UnixStream::connect(socket).await.ok()?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .ok()?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get("/info")
+            .header(hyper::header::HOST, "podman")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .ok()?;
+        let response = send.send_request(request).await.ok()?;
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        let info: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        info.get("Rootless")?.as_bool()
+    };
+    let rootless = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .ok()
+        .flatten();
+    tracing::debug!(socket, ?rootless, "Podman's Rootless field");
+    rootless.unwrap_or(false)
+}
+
 impl DockerConfig {
-    /// Sets the daemon address (`unix:///path`, `tcp://host:port`).
+    /// Sets the daemon address (`unix:///path`, `tcp://host:port`, `ssh://user@host`).
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = Some(host.into());
         self
@@ -157,6 +202,18 @@ impl DockerConfig {
     /// Connects with TLS, with `ca.pem`, `cert.pem` and `key.pem` from `dir`.
     pub fn cert_path(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cert_path = Some(dir.into());
+        self
+    }
+
+    /// Authenticates to an `ssh://` host with this private key.
+    pub fn ssh_key(mut self, key: impl Into<PathBuf>) -> Self {
+        self.ssh_key = Some(key.into());
+        self
+    }
+
+    /// Checks an `ssh://` host's key against this `known_hosts` file, strictly.
+    pub fn ssh_known_hosts(mut self, file: impl Into<PathBuf>) -> Self {
+        self.ssh_known_hosts = Some(file.into());
         self
     }
 }
@@ -236,21 +293,55 @@ impl DockerDriver {
         };
         let timeout = config.timeout.unwrap_or(DEFAULT_TIMEOUT);
         // DOCKER_TLS_VERIFY and DOCKER_CERT_PATH are read by bollard, as the docker CLI does.
+        let ssh = address.starts_with("ssh://");
+        for (field, set) in [
+            ("ssh_key", config.ssh_key.is_some()),
+            ("ssh_known_hosts", config.ssh_known_hosts.is_some()),
+        ] {
+            if set && !ssh {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("docker: {field} is for an ssh:// host, not {address}"),
+                )
+                .with_field(field));
+            }
+        }
+        let mut ssh_stderr = None;
         let docker = match &config.cert_path {
+            None if ssh => {
+                let (docker, stderr) = Self::connect_ssh(&address, &config, timeout)?;
+                ssh_stderr = Some(stderr);
+                Ok(docker)
+            }
             None => Docker::connect_with_host(&address),
             Some(dir) => Self::connect_tls(&address, dir, timeout)?,
         }
         .map_err(unavailable)?
         .with_timeout(timeout);
+        // Why an ssh connection failed is on the ssh client's stderr.
+        let unavailable = |e| {
+            let said = ssh_stderr
+                .as_ref()
+                .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
+                .unwrap_or_default();
+            match said.is_empty() {
+                true => unavailable(e),
+                false => unavailable(e).with("ssh", said),
+            }
+        };
         let docker = docker.negotiate_version().await.map_err(unavailable)?;
         let info = docker.info().await.map_err(unavailable)?;
-        let limits = enforces_limits(&info);
         let version = docker.version().await.map_err(unavailable)?;
         let podman = version
             .components
             .iter()
             .flatten()
             .any(|c| c.name.contains("Podman"));
+        let podman_rootless = match address.strip_prefix("unix://") {
+            Some(socket) if podman => podman_rootless(socket).await,
+            _ => false,
+        };
+        let limits = enforces_limits(&info, podman_rootless);
         if !limits {
             tracing::info!(%address, "the engine does not enforce resource limits (rootless on cgroup v1): memory, CPU and pids limits are unsupported");
         }
@@ -297,6 +388,32 @@ impl DockerDriver {
         Err(Error::unsupported(
             "cert_path",
             "TLS: runcell-docker was built without its `tls` feature",
+        ))
+    }
+
+    #[cfg(feature = "ssh")]
+    fn connect_ssh(
+        address: &str,
+        config: &DockerConfig,
+        timeout: Duration,
+    ) -> Result<(Docker, ssh::Stderr)> {
+        ssh::connect(
+            address,
+            config.ssh_key.as_deref(),
+            config.ssh_known_hosts.as_deref(),
+            timeout.as_secs().max(1),
+        )
+    }
+
+    #[cfg(not(feature = "ssh"))]
+    fn connect_ssh(
+        _: &str,
+        _: &DockerConfig,
+        _: Duration,
+    ) -> Result<(Docker, std::sync::Arc<std::sync::Mutex<String>>)> {
+        Err(Error::unsupported(
+            "host",
+            "ssh://: runcell-docker was built without its `ssh` feature",
         ))
     }
 
@@ -348,6 +465,8 @@ impl DockerDriver {
         };
         let docker_config_dir = config.take("docker_config").map(PathBuf::from);
         let cert_path = config.take("cert_path").map(PathBuf::from);
+        let ssh_key = config.take("ssh_key").map(PathBuf::from);
+        let ssh_known_hosts = config.take("ssh_known_hosts").map(PathBuf::from);
         config.finish()?;
         Ok(Arc::new(
             DockerDriver::connect(DockerConfig {
@@ -356,6 +475,8 @@ impl DockerDriver {
                 credentials,
                 docker_config_dir,
                 cert_path,
+                ssh_key,
+                ssh_known_hosts,
             })
             .await?,
         ))
@@ -987,19 +1108,26 @@ mod tests {
             ..SystemInfo::default()
         };
         let seccomp = "name=seccomp,profile=default";
-        assert!(enforces_limits(&info(&[seccomp], V::_1, D::CGROUPFS)));
-        assert!(enforces_limits(&info(
-            &[seccomp, "name=rootless"],
-            V::_2,
-            D::SYSTEMD
-        )));
-        assert!(!enforces_limits(&info(
-            &[seccomp, "name=rootless"],
-            V::_1,
-            D::CGROUPFS
-        )));
-        assert!(!enforces_limits(&info(&[seccomp], V::_2, D::NONE)));
-        assert!(enforces_limits(&SystemInfo::default()));
+        assert!(enforces_limits(
+            &info(&[seccomp], V::_1, D::CGROUPFS),
+            false
+        ));
+        assert!(enforces_limits(
+            &info(&[seccomp, "name=rootless"], V::_2, D::SYSTEMD),
+            false
+        ));
+        assert!(!enforces_limits(
+            &info(&[seccomp, "name=rootless"], V::_1, D::CGROUPFS),
+            false
+        ));
+        // Rootless Podman says so in its own field only.
+        assert!(!enforces_limits(
+            &info(&[seccomp], V::_1, D::CGROUPFS),
+            true
+        ));
+        assert!(enforces_limits(&info(&[seccomp], V::_2, D::SYSTEMD), true));
+        assert!(!enforces_limits(&info(&[seccomp], V::_2, D::NONE), false));
+        assert!(enforces_limits(&SystemInfo::default(), false));
     }
 
     /// The address without a configured host: the environment first, then the first

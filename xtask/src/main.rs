@@ -9,7 +9,7 @@ mod k8s;
 mod podman;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -32,9 +32,9 @@ enum Task {
     Bench,
     /// Build the local test images (no registry needed).
     TestImages,
-    /// Start the test Podman service (Docker-compatible API) with the test images, and
-    /// print its address: `SANDBOX_DOCKER_HOST=... cargo xtask conformance` runs the
-    /// suite on Podman.
+    /// Start the test Podman services (Docker-compatible API; rootful, and rootless as
+    /// `sbxrootless`) with the test images, and print the rootful one's address:
+    /// `SANDBOX_DOCKER_HOST=... cargo xtask conformance` runs the suite on Podman.
     Podman,
     /// Run the shared conformance suite against a driver.
     Conformance {
@@ -106,7 +106,12 @@ fn main() -> Result<()> {
             engine::ensure_docker()?;
             images::build()?;
             let host = podman::ensure(&images::ALL)?;
+            let rootless = podman::ensure_rootless(&images::ALL)?;
             println!("export SANDBOX_DOCKER_HOST={host}");
+            eprintln!(
+                "rootless Podman (run the suite as {}): SANDBOX_DOCKER_HOST={rootless}",
+                podman::ROOTLESS_USER
+            );
             Ok(())
         }
         Task::Conformance {
@@ -152,6 +157,7 @@ fn main() -> Result<()> {
             images::build()?;
             // The suite also runs on Podman, through its Docker-compatible API.
             let podman_host = podman::ensure(&images::ALL)?;
+            let rootless_host = podman::ensure_rootless(&images::ALL)?;
             cargo(&["fmt", "--all", "--", "--check"], &[])?;
             cargo(
                 &[
@@ -202,16 +208,30 @@ fn main() -> Result<()> {
                 // Every run of the suite from a warm pool's target (claimed, then set up).
                 Suite::new("docker/pooled", "docker", &ours, with(&[(POOLED_ENV, "1")])),
             ])?;
-            // Podman beside the cluster's start-up and suites (its engine is idle then).
-            let podman_suite = [Suite::new(
-                "podman",
-                "docker",
-                &ours,
-                with(&[
-                    ("SANDBOX_DOCKER_HOST", podman_host.as_str()),
-                    (HELPER_ENV, "required"),
-                ]),
-            )];
+            // Podman beside the cluster's start-up and suites (its engine is idle then):
+            // rootful, and rootless with the suite run as the engine's user (as rootless
+            // setups run the library; a host workspace is then that user's).
+            let podman_suite = [
+                Suite::new(
+                    "podman",
+                    "docker",
+                    &ours,
+                    with(&[
+                        ("SANDBOX_DOCKER_HOST", podman_host.as_str()),
+                        (HELPER_ENV, "required"),
+                    ]),
+                ),
+                Suite::new(
+                    "podman-rootless",
+                    "docker",
+                    &ours,
+                    with(&[
+                        ("SANDBOX_DOCKER_HOST", rootless_host.as_str()),
+                        (HELPER_ENV, "auto"),
+                    ]),
+                )
+                .run_as(podman::ROOTLESS_USER),
+            ];
             // The cluster goes down again whatever happened, unless asked to stay.
             let (podman_result, k8s_result) = std::thread::scope(|scope| {
                 let podman = scope.spawn(|| suites_side_by_side(&podman_suite));
@@ -228,8 +248,9 @@ fn main() -> Result<()> {
             };
             k8s_result?;
             down?;
-            for session in podman_result? {
-                engine::assert_no_leftovers(&session, Some(&podman_host))?;
+            let podman_sessions = podman_result?;
+            for (session, host) in podman_sessions.iter().zip([&podman_host, &rootless_host]) {
+                engine::assert_no_leftovers(session, Some(host))?;
             }
             engine::assert_no_leftovers(&session, None)?;
             for session in docker_sessions {
@@ -316,6 +337,9 @@ struct Suite<'a> {
     driver: &'a str,
     target: &'a SuiteTarget,
     env: Vec<(&'a str, String)>,
+    /// Runs the suite's test binary as this user (the rootless engine's) instead of
+    /// through cargo as the caller.
+    user: Option<&'a str>,
 }
 
 impl<'a> Suite<'a> {
@@ -330,8 +354,48 @@ impl<'a> Suite<'a> {
             driver,
             target,
             env,
+            user: None,
         }
     }
+
+    /// Runs it as `user`.
+    fn run_as(mut self, user: &'a str) -> Suite<'a> {
+        self.user = Some(user);
+        self
+    }
+}
+
+/// The test binary `cargo test <args> --no-run` builds, and its package's directory (the
+/// working directory cargo runs it in).
+fn test_binary(args: &[String]) -> Result<(PathBuf, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["test", "--no-run", "--quiet", "--message-format=json"])
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("building the suite's test binary")?;
+    if !out.status.success() {
+        bail!("cargo test --no-run {} failed", args.join(" "));
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if let (Some(exe), Some(manifest)) = (
+            message["executable"].as_str(),
+            message["manifest_path"].as_str(),
+        ) {
+            let dir = Path::new(manifest)
+                .parent()
+                .context("the package's directory")?;
+            return Ok((exe.into(), dir.into()));
+        }
+    }
+    bail!(
+        "cargo test --no-run {} named no test binary",
+        args.join(" ")
+    )
 }
 
 /// Runs suites at the same time (their test binaries built first, once), each into its
@@ -362,8 +426,23 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
                 sessions.push(v.clone());
             }
         }
-        let child = Command::new(cargo)
-            .args(&argv)
+        let mut command = match suite.user {
+            None => {
+                let mut command = Command::new(cargo);
+                command.args(&argv);
+                command
+            }
+            Some(user) => {
+                let (binary, dir) = test_binary(&suite.target.cargo_args()?)?;
+                let mut command = Command::new("runuser");
+                command
+                    .args(["-u", user, "--"])
+                    .arg(binary)
+                    .current_dir(dir);
+                command
+            }
+        };
+        let child = command
             // What a failing pool case needs to be understood: claims lost and why.
             .env("RUST_LOG", "runcell_k8s=debug,runcell_core::pool=debug")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))

@@ -1,5 +1,6 @@
-//! The Podman engine the suite also runs on, through its Docker-compatible API: a service
-//! on a socket of our own, with the test images copied from Docker.
+//! The Podman engines the suite also runs on, through their Docker-compatible API: a
+//! rootful service and a rootless one (as [`ROOTLESS_USER`]), each on a socket of our own,
+//! with the test images copied from Docker.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -15,9 +16,15 @@ pub const SOCKET: &str = "/run/sandbox-podman/podman.sock";
 const CATATONIT: &str = "/usr/libexec/podman/catatonit";
 const LOG: &str = "/var/log/sandbox-podman.log";
 
-fn answers() -> bool {
+/// The user the rootless service runs as (made if missing, with subordinate ids), and
+/// the suite on it too: rootless setups run the library as the engine's user.
+pub const ROOTLESS_USER: &str = "sbxrootless";
+/// The rootless service's runtime directory (its `XDG_RUNTIME_DIR`) and socket.
+const ROOTLESS_DIR: &str = "/run/sandbox-podman-rootless";
+
+fn answers(socket: &str) -> bool {
     let ping = || -> std::io::Result<bool> {
-        let mut stream = UnixStream::connect(SOCKET)?;
+        let mut stream = UnixStream::connect(socket)?;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;
         stream.write_all(b"GET /_ping HTTP/1.0\r\nHost: podman\r\n\r\n")?;
         let mut answer = String::new();
@@ -27,10 +34,7 @@ fn answers() -> bool {
     ping().unwrap_or(false)
 }
 
-/// Makes sure the test Podman service answers on [`SOCKET`] with the test images in its
-/// store, starting it if needed; returns the address for `SANDBOX_DOCKER_HOST`. Says
-/// exactly what is missing otherwise.
-pub fn ensure(images: &[&str]) -> Result<String> {
+fn check_installed() -> Result<()> {
     if Command::new("podman").arg("--version").output().is_err() {
         bail!("podman is missing: apt-get install podman catatonit");
     }
@@ -39,36 +43,112 @@ pub fn ensure(images: &[&str]) -> Result<String> {
             "{CATATONIT} is missing (Podman's init, used for `init: true`): apt-get install catatonit"
         );
     }
-    if !answers() {
+    Ok(())
+}
+
+/// Makes sure the test Podman service answers on [`SOCKET`] with the test images in its
+/// store, starting it if needed; returns the address for `SANDBOX_DOCKER_HOST`. Says
+/// exactly what is missing otherwise.
+pub fn ensure(images: &[&str]) -> Result<String> {
+    check_installed()?;
+    if !answers(SOCKET) {
         let dir = Path::new(SOCKET)
             .parent()
             .context("the socket's directory")?;
         std::fs::create_dir_all(dir)?;
-        let _ = std::fs::remove_file(SOCKET);
-        let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testenv/podman/containers.conf");
-        eprintln!("starting podman system service on {SOCKET} (log: {LOG})");
         let log = std::fs::File::create(LOG)
             .or_else(|_| std::fs::File::create(std::env::temp_dir().join("sandbox-podman.log")))?;
-        Command::new("setsid")
-            .args(["podman", "system", "service", "--time=0"])
-            .arg(format!("unix://{SOCKET}"))
-            .env("CONTAINERS_CONF", conf)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        let start = Instant::now();
-        while !answers() {
-            if start.elapsed() > Duration::from_secs(60) {
-                bail!("started podman system service but it did not answer within 60 s; see {LOG}");
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        start(SOCKET, Command::new("setsid"), log, LOG)?;
     }
     for image in images {
-        copy_image(image)?;
+        copy_image(image, SOCKET)?;
     }
     Ok(format!("unix://{SOCKET}"))
+}
+
+/// The same for rootless Podman: the service runs as [`ROOTLESS_USER`] (made here if
+/// missing, with subordinate uids and gids) on a socket in [`ROOTLESS_DIR`]. Needs root.
+pub fn ensure_rootless(images: &[&str]) -> Result<String> {
+    check_installed()?;
+    if !Path::new("/usr/bin/newuidmap").exists() {
+        bail!("newuidmap is missing (rootless Podman's id mapping): apt-get install uidmap");
+    }
+    let user = ROOTLESS_USER;
+    if !run(Command::new("id").args(["-u", user]))? {
+        eprintln!("adding the user {user} for rootless Podman");
+        if !run(Command::new("useradd").args(["--create-home", "--shell", "/bin/sh", user]))? {
+            bail!("useradd {user} failed (rootless Podman runs as this user; needs root)");
+        }
+    }
+    for file in ["/etc/subuid", "/etc/subgid"] {
+        let ids = std::fs::read_to_string(file).unwrap_or_default();
+        if !ids.lines().any(|l| l.starts_with(&format!("{user}:"))) {
+            let flag = if file.ends_with("uid") {
+                "--add-subuids"
+            } else {
+                "--add-subgids"
+            };
+            if !run(Command::new("usermod").args([flag, "300000-365535", user]))? {
+                bail!("usermod {flag} for {user} failed");
+            }
+        }
+    }
+    let socket = format!("{ROOTLESS_DIR}/podman.sock");
+    if !answers(&socket) {
+        std::fs::create_dir_all(ROOTLESS_DIR)?;
+        if !run(Command::new("chown").args([user, ROOTLESS_DIR]))? {
+            bail!("chown {user} {ROOTLESS_DIR} failed");
+        }
+        std::fs::set_permissions(
+            ROOTLESS_DIR,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )?;
+        let log_path = format!("{ROOTLESS_DIR}/service.log");
+        let log = std::fs::File::create(&log_path)?;
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", user, "--", "setsid"])
+            .env("XDG_RUNTIME_DIR", ROOTLESS_DIR)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS");
+        start(&socket, cmd, log, &log_path)?;
+    }
+    for image in images {
+        copy_image(image, &socket)?;
+    }
+    Ok(format!("unix://{socket}"))
+}
+
+fn run(cmd: &mut Command) -> Result<bool> {
+    Ok(cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?
+        .success())
+}
+
+/// Starts `podman system service` on `socket` through `launcher` (`setsid`, or `runuser
+/// ... setsid`) and waits until it answers.
+fn start(socket: &str, mut launcher: Command, log: std::fs::File, log_path: &str) -> Result<()> {
+    let _ = std::fs::remove_file(socket);
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testenv/podman/containers.conf");
+    eprintln!("starting podman system service on {socket} (log: {log_path})");
+    launcher
+        .args(["podman", "system", "service", "--time=0"])
+        .arg(format!("unix://{socket}"))
+        .env("CONTAINERS_CONF", conf)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let start = Instant::now();
+    while !answers(socket) {
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "started podman system service but it did not answer within 60 s; see {log_path}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Ok(())
 }
 
 fn image_id(host: Option<&str>, image: &str) -> Result<String> {
@@ -82,9 +162,10 @@ fn image_id(host: Option<&str>, image: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Copies `image` from the Docker engine into Podman's store unless it is there already.
-fn copy_image(image: &str) -> Result<()> {
-    let podman = format!("unix://{SOCKET}");
+/// Copies `image` from the Docker engine into the store of the Podman service on
+/// `socket` (through its API) unless it is there already.
+fn copy_image(image: &str, socket: &str) -> Result<()> {
+    let podman = format!("unix://{socket}");
     let want = image_id(None, image)?;
     if want.is_empty() {
         bail!("{image} is not on the Docker engine (cargo xtask test-images)");
@@ -97,15 +178,17 @@ fn copy_image(image: &str) -> Result<()> {
         .stdout(Stdio::piped())
         .spawn()?;
     let stdout = save.stdout.take().context("docker save's stdout")?;
-    let load = Command::new("podman")
-        .args(["load", "--quiet"])
+    let load = Command::new("docker")
+        .args(["-H", &podman, "load", "--quiet"])
         .stdin(stdout)
         .stdout(Stdio::null())
         .status()?;
     let saved = save.wait()?;
     if !(saved.success() && load.success()) {
-        bail!("copying {image} into Podman failed (docker save: {saved}, podman load: {load})");
+        bail!(
+            "copying {image} into Podman at {socket} failed (docker save: {saved}, load: {load})"
+        );
     }
-    eprintln!("copied {image} into Podman");
+    eprintln!("copied {image} into Podman at {socket}");
     Ok(())
 }

@@ -1,0 +1,335 @@
+//! `ssh://` daemons, reached as the docker CLI reaches them: every connection is the
+//! system's ssh client running `docker system dial-stdio` on the remote, the HTTP
+//! connection spoken over its stdin and stdout. Nothing is ever prompted for
+//! (`BatchMode=yes`): keys come from `ssh_key`, the agent or the user's ssh
+//! configuration, and an unknown or changed host key is refused unless the user's
+//! configuration says otherwise (`ssh_known_hosts` names the file to check against).
+//! No password or key material passes through argv: only paths and names.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use runcell_core::{Error, ErrorKind, Result};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// Where the ssh client's complaints go: the last of them, for connection errors.
+pub(crate) type Stderr = Arc<Mutex<String>>;
+
+/// How much of the ssh client's stderr is kept.
+const STDERR_LIMIT: usize = 2048;
+
+/// A bollard client whose connections are ssh processes; and the ssh client's last
+/// stderr, to explain a failure to connect.
+pub(crate) fn connect(
+    address: &str,
+    key: Option<&Path>,
+    known_hosts: Option<&Path>,
+    timeout_secs: u64,
+) -> Result<(Docker, Stderr)> {
+    let argv = Arc::new(argv(address, key, known_hosts)?);
+    let stderr = Stderr::default();
+    let connector = Connector {
+        argv,
+        stderr: stderr.clone(),
+    };
+    let client = Client::builder(TokioExecutor::new()).build(connector);
+    let transport = move |request: BollardRequest| {
+        let client = client.clone();
+        async move { Ok(client.request(request).await?) }
+    };
+    // The address only keys the connection pool: every connection is the same command.
+    let docker = Docker::connect_with_custom_transport(
+        transport,
+        Some("http://docker"),
+        timeout_secs,
+        API_DEFAULT_VERSION,
+    )
+    .map_err(|e| {
+        Error::new(ErrorKind::Config, "docker: cannot set up the ssh transport")
+            .with_field("host")
+            .with_source(e)
+    })?;
+    Ok((docker, stderr))
+}
+
+/// The ssh client's arguments for `ssh://[user@]host[:port]`, ending with the remote
+/// command. A part that could be read as an option, a path or a query is refused.
+fn argv(address: &str, key: Option<&Path>, known_hosts: Option<&Path>) -> Result<Vec<String>> {
+    let bad = |why: &str| {
+        Error::new(
+            ErrorKind::Config,
+            format!("docker: {why} in the ssh address {address} (ssh://[user@]host[:port])"),
+        )
+        .with_field("host")
+    };
+    let rest = address
+        .strip_prefix("ssh://")
+        .ok_or_else(|| bad("no ssh:// scheme"))?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains(['/', '?', '#']) {
+        return Err(bad("a path or query"));
+    }
+    let (user, host_port) = match rest.rsplit_once('@') {
+        Some((user, hp)) => (Some(user), hp),
+        None => (None, rest),
+    };
+    let (host, port) = match host_port.strip_prefix('[') {
+        // [v6] or [v6]:port
+        Some(v6) => {
+            let (host, after) = v6.split_once(']').ok_or_else(|| bad("an unclosed '['"))?;
+            match after {
+                "" => (host, None),
+                _ => (
+                    host,
+                    Some(
+                        after
+                            .strip_prefix(':')
+                            .ok_or_else(|| bad("junk after ']'"))?,
+                    ),
+                ),
+            }
+        }
+        None => match host_port.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        },
+    };
+    let valid = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with('-')
+            && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+    };
+    if !valid(host) {
+        return Err(bad("no valid host"));
+    }
+    let mut argv: Vec<String> = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-T"]
+        .map(String::from)
+        .into();
+    if let Some(user) = user {
+        if !valid(user) {
+            return Err(bad("no valid user"));
+        }
+        argv.extend(["-l".into(), user.into()]);
+    }
+    if let Some(port) = port {
+        port.parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| bad("no valid port"))?;
+        argv.extend(["-p".into(), port.into()]);
+    }
+    if let Some(key) = key {
+        if !key.is_file() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("docker: no ssh key at {}", key.display()),
+            )
+            .with_field("ssh_key"));
+        }
+        argv.extend(["-i".into(), path_text(key, "ssh_key")?]);
+    }
+    if let Some(file) = known_hosts {
+        if !file.is_file() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("docker: no known_hosts file at {}", file.display()),
+            )
+            .with_field("ssh_known_hosts"));
+        }
+        let file = path_text(file, "ssh_known_hosts")?;
+        argv.extend([
+            "-o".into(),
+            format!("UserKnownHostsFile=\"{file}\""),
+            "-o".into(),
+            "StrictHostKeyChecking=yes".into(),
+        ]);
+    }
+    argv.extend(
+        ["--", host, "docker", "system", "dial-stdio"]
+            .into_iter()
+            .map(String::from),
+    );
+    Ok(argv)
+}
+
+/// A path as ssh reads it in an argument or a quoted `-o` value.
+fn path_text(path: &Path, field: &str) -> Result<String> {
+    path.to_str()
+        .filter(|p| !p.contains(['"', '\n']))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Config,
+                format!("docker: {field} must be a UTF-8 path without quotes or newlines"),
+            )
+            .with_field(field)
+        })
+}
+
+/// Makes a connection: starts the ssh client.
+#[derive(Clone)]
+struct Connector {
+    argv: Arc<Vec<String>>,
+    stderr: Stderr,
+}
+
+impl tower_service::Service<hyper::Uri> for Connector {
+    type Response = TokioIo<SshStream>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: hyper::Uri) -> Self::Future {
+        let (argv, stderr) = (self.argv.clone(), self.stderr.clone());
+        Box::pin(async move {
+            let mut child = Command::new("ssh")
+                .args(argv.iter())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("cannot start the ssh client: {e}"))
+                })?;
+            if let Some(mut err) = child.stderr.take() {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let _ = (&mut err)
+                        .take(STDERR_LIMIT as u64)
+                        .read_to_end(&mut buf)
+                        .await;
+                    let text = String::from_utf8_lossy(&buf).trim().to_string();
+                    if !text.is_empty() {
+                        tracing::debug!("ssh: {text}");
+                        *stderr.lock().unwrap_or_else(|p| p.into_inner()) = text;
+                    }
+                });
+            }
+            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+                return Err(std::io::Error::other(
+                    "the ssh client has no stdin or stdout",
+                ));
+            };
+            Ok(TokioIo::new(SshStream {
+                stdin,
+                stdout,
+                _child: child,
+            }))
+        })
+    }
+}
+
+/// One connection: the ssh client's stdout to read, its stdin to write; the client is
+/// killed when the connection is dropped.
+struct SshStream {
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+    _child: Child,
+}
+
+impl Connection for SshStream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl AsyncRead for SshStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stdout).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SshStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stdin).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stdin).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stdin).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argv;
+
+    #[test]
+    fn addresses_become_ssh_arguments() {
+        let tail = ["docker", "system", "dial-stdio"];
+        let args = argv("ssh://alice@10.1.2.3:2222", None, None).unwrap();
+        assert_eq!(
+            args,
+            [
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=30",
+                "-T",
+                "-l",
+                "alice",
+                "-p",
+                "2222",
+                "--",
+                "10.1.2.3"
+            ]
+            .iter()
+            .chain(&tail)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+        );
+        let args = argv("ssh://[::1]:22/", None, None).unwrap();
+        assert!(args.ends_with(&["--", "::1", "docker", "system", "dial-stdio"].map(String::from)));
+        assert!(args.windows(2).any(|w| w == ["-p", "22"]));
+        let args = argv("ssh://host", None, None).unwrap();
+        assert!(!args.contains(&"-l".to_string()) && !args.contains(&"-p".to_string()));
+    }
+
+    #[test]
+    fn addresses_that_could_inject_options_are_refused() {
+        for bad in [
+            "ssh://-oProxyCommand=sh",
+            "ssh://-x@host",
+            "ssh://host:99999",
+            "ssh://host:0",
+            "ssh://host:port",
+            "ssh://host/path",
+            "ssh://host?x=1",
+            "ssh://",
+            "ssh://a b",
+            "ssh://[::1",
+            "tcp://host",
+        ] {
+            let e = argv(bad, None, None).expect_err(bad);
+            assert_eq!(e.field(), Some("host"), "{bad}: {e}");
+        }
+        let e = argv("ssh://host", Some("/nonexistent/key".as_ref()), None).unwrap_err();
+        assert_eq!(e.field(), Some("ssh_key"));
+        let e = argv("ssh://host", None, Some("/nonexistent/kh".as_ref())).unwrap_err();
+        assert_eq!(e.field(), Some("ssh_known_hosts"));
+    }
+}
