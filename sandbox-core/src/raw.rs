@@ -207,7 +207,9 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
 
     /// Creates the target of `plan` with the keep-alive as its only process, every label
     /// of the plan, and the CA files in place; returns once it runs (or fails). Core
-    /// removes the target on any error after this is called, and on cancellation.
+    /// removes the target on any error after this is called, and on cancellation: send
+    /// every request that makes an object through [`Plan::uncancelled`], so that an
+    /// object the engine makes after the caller gave up is removed too.
     async fn create_target(&self, plan: &Plan<'_>) -> Result<()>;
 
     /// Checks that `id` is a managed target that runs ([`ErrorKind::NotFound`] /

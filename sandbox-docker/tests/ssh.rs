@@ -11,16 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use runcell_core::{
-    DriverConfig, DriverExt, ErrorKind, ExecHelper, ExecPath, ExecSpec, Network, PullPolicy,
-    RunExt, RunSpec,
-};
+use runcell_core::ErrorKind;
 use runcell_docker::{DockerConfig, DockerDriver};
 
 mod common;
-use common::strict;
+use common::{strict, whole_run};
 
-const IMAGE: &str = "sandbox-test/busybox:latest";
 const SOCKET: &str = "/var/run/docker.sock";
 const SSHD: &str = "/usr/sbin/sshd";
 
@@ -156,7 +152,7 @@ async fn a_daemon_over_ssh_on_loopback() {
             .ssh_known_hosts(known)
     };
 
-    // A whole run over ssh, on the exec helper path.
+    // A whole run over ssh, and the same through the registry's config keys.
     let driver = DockerDriver::connect(config(&client_key, &known_hosts))
         .await
         .unwrap_or_else(|e| {
@@ -165,37 +161,16 @@ async fn a_daemon_over_ssh_on_loopback() {
                 std::fs::read_to_string(dir.join("sshd.log")).unwrap_or_default()
             )
         });
-    let spec = RunSpec::new(IMAGE)
-        .pull(PullPolicy::Never)
-        .network(Network::None)
-        .exec_helper(ExecHelper::Required)
-        .label("sandbox.test/case", "ssh");
-    let run = driver.start(&spec).await.expect("a run over ssh");
-    assert_eq!(run.exec_path(), ExecPath::Helper);
-    let out = run
-        .exec(ExecSpec::new(["sh", "-c", "echo over-ssh; id -u"]))
-        .await
-        .unwrap();
-    assert_eq!(out.stdout_str(), "over-ssh\n0\n");
-    run.put_file("/tmp/f", b"through ssh", 0o600).await.unwrap();
-    assert_eq!(run.get_file("/tmp/f").await.unwrap(), b"through ssh");
-    run.stop().await.unwrap();
-
-    // The same through the registry's config keys; nothing is left.
-    let keys = DriverConfig::new(
-        "docker",
-        [
+    whole_run(
+        &driver,
+        "ssh",
+        vec![
             ("host", address.clone()),
             ("ssh_key", client_key.display().to_string()),
             ("ssh_known_hosts", known_hosts.display().to_string()),
         ],
-    );
-    let driver = runcell_core::connect("docker", keys).await.unwrap();
-    let left = driver
-        .list(&[("sandbox.test/case".to_string(), "ssh".to_string())].into())
-        .await
-        .unwrap();
-    assert!(left.is_empty(), "left: {left:?}");
+    )
+    .await;
 
     // Another host key than the one known: refused, the ssh client's words in the error.
     let other = dir.join("other_known_hosts");

@@ -13,18 +13,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use runcell_core::{
-    DriverConfig, DriverExt, ErrorKind, ExecHelper, ExecPath, ExecSpec, Network, PullPolicy,
-    RunExt, RunSpec,
-};
+use runcell_core::ErrorKind;
 use runcell_docker::{DockerConfig, DockerDriver};
 
 mod common;
-use common::{issue, new_ca, strict};
+use common::{issue, new_ca, strict, whole_run};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-const IMAGE: &str = "sandbox-test/busybox:latest";
 const SOCKET: &str = "/var/run/docker.sock";
 
 fn missing() -> Option<String> {
@@ -120,40 +116,20 @@ async fn a_tls_daemon_on_loopback() {
     let stranger = client_dir(dir, "stranger", "ca", "stranger");
     let tcp = tls_front(dir).await;
 
-    // The driver with the client's cert directory: a whole run through TLS.
+    // The driver with the client's cert directory: a whole run through TLS, and the same
+    // through the registry's config keys.
     let driver = DockerDriver::connect(DockerConfig::default().host(&tcp).cert_path(&good))
         .await
         .expect("connect over TLS");
-    let spec = RunSpec::new(IMAGE)
-        .pull(PullPolicy::Never)
-        .network(Network::None)
-        .exec_helper(ExecHelper::Required)
-        .label("sandbox.test/case", "tls");
-    let run = driver.start(&spec).await.expect("a run over TLS");
-    assert_eq!(run.exec_path(), ExecPath::Helper);
-    let out = run
-        .exec(ExecSpec::new(["sh", "-c", "echo over-tls; id -u"]))
-        .await
-        .unwrap();
-    assert_eq!(out.stdout_str(), "over-tls\n0\n");
-    run.put_file("/tmp/f", b"through tls", 0o600).await.unwrap();
-    assert_eq!(run.get_file("/tmp/f").await.unwrap(), b"through tls");
-    run.stop().await.unwrap();
-
-    // The same through the registry's config keys.
-    let config = DriverConfig::new(
-        "docker",
-        [
+    whole_run(
+        &driver,
+        "tls",
+        vec![
             ("host", tcp.clone()),
             ("cert_path", good.display().to_string()),
         ],
-    );
-    let driver = runcell_core::connect("docker", config).await.unwrap();
-    let left = driver
-        .list(&[("sandbox.test/case".to_string(), "tls".to_string())].into())
-        .await
-        .unwrap();
-    assert!(left.is_empty(), "left: {left:?}");
+    )
+    .await;
 
     // A client certificate of another CA: refused, a typed error naming the address.
     let err = DockerDriver::connect(DockerConfig::default().host(&tcp).cert_path(&stranger))
