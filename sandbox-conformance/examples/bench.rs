@@ -180,6 +180,14 @@ async fn sh(run: &dyn Run, script: &str) -> Res<()> {
 
 #[tokio::main]
 async fn main() -> Res<()> {
+    // `RUST_LOG=runcell_core=debug` shows what the library does (and each span's time).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     runcell_core::stop_runs_on_signal()?;
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "docker".into());
