@@ -214,13 +214,15 @@ impl RunGuard {
 /// Stops every run held by a live [`RunGuard`] in this process, and removes every run
 /// still being created.
 pub async fn stop_guarded_runs() {
-    let stops: Vec<BoxFuture<'static, Result<()>>> = guarded()
+    // Each with its bound: a stop DROP_STOP_TIMEOUT; a cancelled create's two removals that
+    // much each, and its requests SETTLE_TIMEOUT to settle in between.
+    let stops: Vec<(BoxFuture<'static, Result<()>>, Duration)> = guarded()
         .values()
         .filter_map(|entry| match entry {
             Guarded::Run(weak) => weak.upgrade().map(|run| {
                 let stop: BoxFuture<'static, Result<()>> =
                     Box::pin(async move { run.stop().await });
-                stop
+                (stop, DROP_STOP_TIMEOUT)
             }),
             // At once, and again once its requests settled: a create request still in
             // flight may make its target after the first removal (as in
@@ -231,12 +233,12 @@ pub async fn stop_guarded_runs() {
                     let first = remove().await;
                     remove_when_settled(&remove, &in_flight).await.and(first)
                 });
-                Some(twice)
+                Some((twice, 2 * DROP_STOP_TIMEOUT + SETTLE_TIMEOUT))
             }
         })
         .collect();
-    let stops = stops.into_iter().map(|stop| async move {
-        match tokio::time::timeout(DROP_STOP_TIMEOUT, stop).await {
+    let stops = stops.into_iter().map(|(stop, bound)| async move {
+        match tokio::time::timeout(bound, stop).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!("could not stop a run on signal: {e}"),
             Err(_) => tracing::error!("stopping a run on signal timed out"),

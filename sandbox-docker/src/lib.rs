@@ -318,20 +318,37 @@ impl DockerDriver {
         }
         .map_err(unavailable)?
         .with_timeout(timeout);
-        // Why an ssh connection failed is on the ssh client's stderr.
-        let unavailable = |e| {
-            let said = ssh_stderr
-                .as_ref()
-                .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
-                .unwrap_or_default();
-            match said.is_empty() {
-                true => unavailable(e),
-                false => unavailable(e).with("ssh", said),
+        // Why an ssh connection failed is on the ssh client's stderr, which may come a
+        // moment after the connection closed: waited for up to a second.
+        let ssh_said = |e: bollard::errors::Error| {
+            let stderr = ssh_stderr.clone();
+            async move {
+                let Some(stderr) = stderr else {
+                    return unavailable(e);
+                };
+                let read = || stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+                while read().is_empty() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                match read() {
+                    said if said.is_empty() => unavailable(e),
+                    said => unavailable(e).with("ssh", said),
+                }
             }
         };
-        let docker = docker.negotiate_version().await.map_err(unavailable)?;
-        let info = docker.info().await.map_err(unavailable)?;
-        let version = docker.version().await.map_err(unavailable)?;
+        let docker = match docker.negotiate_version().await {
+            Ok(docker) => docker,
+            Err(e) => return Err(ssh_said(e).await),
+        };
+        let info = match docker.info().await {
+            Ok(info) => info,
+            Err(e) => return Err(ssh_said(e).await),
+        };
+        let version = match docker.version().await {
+            Ok(version) => version,
+            Err(e) => return Err(ssh_said(e).await),
+        };
         let podman = version
             .components
             .iter()

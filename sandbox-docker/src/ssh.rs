@@ -16,9 +16,9 @@ use std::task::{Context, Poll};
 use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use runcell_core::{Error, ErrorKind, Result};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// Where the ssh client's complaints go: the last of them, for connection errors.
@@ -41,7 +41,12 @@ pub(crate) fn connect(
         argv,
         stderr: stderr.clone(),
     };
-    let client = Client::builder(TokioExecutor::new()).build(connector);
+    // An idle connection is an ssh process here and a `dial-stdio` there: not kept long.
+    let client = Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .pool_max_idle_per_host(4)
+        .build(connector);
     let transport = move |request: BollardRequest| {
         let client = client.clone();
         async move { Ok(client.request(request).await?) }
@@ -103,10 +108,13 @@ fn argv(address: &str, key: Option<&Path>, known_hosts: Option<&Path>) -> Result
             None => (host_port, None),
         },
     };
+    // Names as DNS, IP literals and login names spell them: nothing ssh could read as an
+    // option or expand (`%h` in a user's ProxyCommand).
     let valid = |s: &str| {
         !s.is_empty()
             && !s.starts_with('-')
-            && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'))
     };
     if !valid(host) {
         return Err(bad("no valid host"));
@@ -164,12 +172,12 @@ fn argv(address: &str, key: Option<&Path>, known_hosts: Option<&Path>) -> Result
 /// A path as ssh reads it in an argument or a quoted `-o` value.
 fn path_text(path: &Path, field: &str) -> Result<String> {
     path.to_str()
-        .filter(|p| !p.contains(['"', '\n']))
+        .filter(|p| !p.contains(['"', '\n', '%']))
         .map(str::to_string)
         .ok_or_else(|| {
             Error::new(
                 ErrorKind::Config,
-                format!("docker: {field} must be a UTF-8 path without quotes or newlines"),
+                format!("docker: {field} must be a UTF-8 path without quotes, newlines or '%'"),
             )
             .with_field(field)
         })
@@ -204,17 +212,25 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 .map_err(|e| {
                     std::io::Error::new(e.kind(), format!("cannot start the ssh client: {e}"))
                 })?;
-            if let Some(mut err) = child.stderr.take() {
+            if let Some(err) = child.stderr.take() {
+                // Line by line as it comes, so that a failed connection's reason is there
+                // when the error is reported; the last lines, at most STDERR_LIMIT.
                 tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let _ = (&mut err)
-                        .take(STDERR_LIMIT as u64)
-                        .read_to_end(&mut buf)
-                        .await;
-                    let text = String::from_utf8_lossy(&buf).trim().to_string();
-                    if !text.is_empty() {
-                        tracing::debug!("ssh: {text}");
-                        *stderr.lock().unwrap_or_else(|p| p.into_inner()) = text;
+                    let mut lines = tokio::io::BufReader::new(err).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let line = line.trim();
+                        if line.is_empty() {
+                            continue;
+                        }
+                        tracing::debug!("ssh: {line}");
+                        let mut said = stderr.lock().unwrap_or_else(|p| p.into_inner());
+                        if said.len() + line.len() > STDERR_LIMIT {
+                            said.clear();
+                        }
+                        if !said.is_empty() {
+                            said.push('\n');
+                        }
+                        said.push_str(line);
                     }
                 });
             }
@@ -224,7 +240,7 @@ impl tower_service::Service<hyper::Uri> for Connector {
                 ));
             };
             Ok(TokioIo::new(SshStream {
-                stdin,
+                stdin: Some(stdin),
                 stdout,
                 _child: child,
             }))
@@ -235,7 +251,9 @@ impl tower_service::Service<hyper::Uri> for Connector {
 /// One connection: the ssh client's stdout to read, its stdin to write; the client is
 /// killed when the connection is dropped.
 struct SshStream {
-    stdin: ChildStdin,
+    /// Taken (closed) at shutdown: the pipe's end is the remote's end of input (a plain
+    /// exec's stdin EOF); tokio's `ChildStdin` does nothing on shutdown.
+    stdin: Option<ChildStdin>,
     stdout: ChildStdout,
     _child: Child,
 }
@@ -262,15 +280,25 @@ impl AsyncWrite for SshStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stdin).poll_write(cx, buf)
+        match self.stdin.as_mut() {
+            Some(stdin) => Pin::new(stdin).poll_write(cx, buf),
+            None => Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into())),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stdin).poll_flush(cx)
+        match self.stdin.as_mut() {
+            Some(stdin) => Pin::new(stdin).poll_flush(cx),
+            None => Poll::Ready(Ok(())),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stdin).poll_shutdown(cx)
+        if let Some(stdin) = self.stdin.as_mut() {
+            std::task::ready!(Pin::new(stdin).poll_flush(cx))?;
+        }
+        self.stdin = None;
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -322,6 +350,9 @@ mod tests {
             "ssh://",
             "ssh://a b",
             "ssh://[::1",
+            "ssh://%h@host",
+            "ssh://host%x",
+            "ssh://us'er@host",
             "tcp://host",
         ] {
             let e = argv(bad, None, None).expect_err(bad);

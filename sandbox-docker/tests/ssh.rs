@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use runcell_core::ErrorKind;
+use runcell_core::{
+    DriverExt, ErrorKind, ExecHelper, ExecPath, ExecSpec, Network, PullPolicy, RunExt, RunSpec,
+};
 use runcell_docker::{DockerConfig, DockerDriver};
 
 mod common;
@@ -171,6 +173,25 @@ async fn a_daemon_over_ssh_on_loopback() {
         ],
     )
     .await;
+
+    // The plain exec path: stdin through the engine's attach stream, whose end of input
+    // must reach the remote (`cat` ends only then).
+    let spec = RunSpec::new("sandbox-test/busybox:latest")
+        .pull(PullPolicy::Never)
+        .network(Network::None)
+        .exec_helper(ExecHelper::Off)
+        .label("sandbox.test/case", "ssh-plain");
+    let run = driver.start(&spec).await.expect("a plain run over ssh");
+    assert_eq!(run.exec_path(), ExecPath::Plain);
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        run.exec(ExecSpec::new(["cat"]).stdin_bytes(&b"to the end"[..])),
+    )
+    .await
+    .expect("stdin's end did not reach the remote: cat never ended")
+    .unwrap();
+    assert_eq!(out.stdout_str(), "to the end");
+    run.stop().await.unwrap();
 
     // Another host key than the one known: refused, the ssh client's words in the error.
     let other = dir.join("other_known_hosts");

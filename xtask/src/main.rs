@@ -365,9 +365,8 @@ impl<'a> Suite<'a> {
     }
 }
 
-/// The test binary `cargo test <args> --no-run` builds, and its package's directory (the
-/// working directory cargo runs it in).
-fn test_binary(args: &[String]) -> Result<(PathBuf, PathBuf)> {
+/// The test binary `cargo test <args> --no-run` builds.
+fn test_binary(args: &[String]) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args(["test", "--no-run", "--quiet", "--message-format=json"])
@@ -382,14 +381,8 @@ fn test_binary(args: &[String]) -> Result<(PathBuf, PathBuf)> {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if let (Some(exe), Some(manifest)) = (
-            message["executable"].as_str(),
-            message["manifest_path"].as_str(),
-        ) {
-            let dir = Path::new(manifest)
-                .parent()
-                .context("the package's directory")?;
-            return Ok((exe.into(), dir.into()));
+        if let Some(exe) = message["executable"].as_str() {
+            return Ok(exe.into());
         }
     }
     bail!(
@@ -433,12 +426,14 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
                 command
             }
             Some(user) => {
-                let (binary, dir) = test_binary(&suite.target.cargo_args()?)?;
+                // A copy the user can run (a checkout under /root is closed to it); the
+                // suite reads nothing of the package at run time.
+                let binary = podman::stage(&test_binary(&suite.target.cargo_args()?)?, user)?;
                 let mut command = Command::new("runuser");
                 command
                     .args(["-u", user, "--"])
                     .arg(binary)
-                    .current_dir(dir);
+                    .current_dir(podman::ROOTLESS_HOME);
                 command
             }
         };

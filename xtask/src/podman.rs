@@ -58,7 +58,7 @@ pub fn ensure(images: &[&str]) -> Result<String> {
         std::fs::create_dir_all(dir)?;
         let log = std::fs::File::create(LOG)
             .or_else(|_| std::fs::File::create(std::env::temp_dir().join("sandbox-podman.log")))?;
-        start(SOCKET, Command::new("setsid"), log, LOG)?;
+        start(SOCKET, Command::new("setsid"), log, LOG, None)?;
     }
     for image in images {
         copy_image(image, SOCKET)?;
@@ -105,17 +105,33 @@ pub fn ensure_rootless(images: &[&str]) -> Result<String> {
         )?;
         let log_path = format!("{ROOTLESS_DIR}/service.log");
         let log = std::fs::File::create(&log_path)?;
-        let mut cmd = Command::new("runuser");
-        cmd.args(["-u", user, "--", "setsid"])
+        // Detached (its own session) like the rootful one, so a signal to this task's
+        // process group does not reach it through runuser.
+        let mut cmd = Command::new("setsid");
+        cmd.args(["runuser", "-u", user, "--"])
             .env("XDG_RUNTIME_DIR", ROOTLESS_DIR)
             .env_remove("DBUS_SESSION_BUS_ADDRESS");
-        start(&socket, cmd, log, &log_path)?;
+        start(&socket, cmd, log, &log_path, Some(user))?;
     }
     for image in images {
         copy_image(image, &socket)?;
     }
     Ok(format!("unix://{socket}"))
 }
+
+/// A copy of `file` in [`ROOTLESS_DIR`] owned by `user` (who may not read the checkout).
+pub fn stage(file: &Path, user: &str) -> Result<std::path::PathBuf> {
+    let name = file.file_name().context("a file name")?;
+    let copy = Path::new(ROOTLESS_DIR).join(name);
+    std::fs::copy(file, &copy).with_context(|| format!("copying {}", file.display()))?;
+    if !run(Command::new("chown").arg(user).arg(&copy))? {
+        bail!("chown {user} {} failed", copy.display());
+    }
+    Ok(copy)
+}
+
+/// The working directory of what runs as [`ROOTLESS_USER`].
+pub const ROOTLESS_HOME: &str = ROOTLESS_DIR;
 
 fn run(cmd: &mut Command) -> Result<bool> {
     Ok(cmd
@@ -125,11 +141,21 @@ fn run(cmd: &mut Command) -> Result<bool> {
         .success())
 }
 
-/// Starts `podman system service` on `socket` through `launcher` (`setsid`, or `runuser
-/// ... setsid`) and waits until it answers.
-fn start(socket: &str, mut launcher: Command, log: std::fs::File, log_path: &str) -> Result<()> {
+/// Starts `podman system service` on `socket` through `launcher` (`setsid`, or `setsid
+/// runuser ...`) and waits until it answers. For a `user`, the configuration is copied
+/// where that user can read it (a checkout under `/root` is not).
+fn start(
+    socket: &str,
+    mut launcher: Command,
+    log: std::fs::File,
+    log_path: &str,
+    user: Option<&str>,
+) -> Result<()> {
     let _ = std::fs::remove_file(socket);
-    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testenv/podman/containers.conf");
+    let mut conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testenv/podman/containers.conf");
+    if let Some(user) = user {
+        conf = stage(&conf, user)?;
+    }
     eprintln!("starting podman system service on {socket} (log: {log_path})");
     launcher
         .args(["podman", "system", "service", "--time=0"])
