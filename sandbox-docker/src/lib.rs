@@ -337,16 +337,14 @@ impl DockerDriver {
                 }
             }
         };
-        let docker = match docker.negotiate_version().await {
-            Ok(docker) => docker,
-            Err(e) => return Err(ssh_said(e).await),
+        let probe = async {
+            let docker = docker.negotiate_version().await?;
+            let info = docker.info().await?;
+            let version = docker.version().await?;
+            Ok::<_, bollard::errors::Error>((docker, info, version))
         };
-        let info = match docker.info().await {
-            Ok(info) => info,
-            Err(e) => return Err(ssh_said(e).await),
-        };
-        let version = match docker.version().await {
-            Ok(version) => version,
+        let (docker, info, version) = match probe.await {
+            Ok(answers) => answers,
             Err(e) => return Err(ssh_said(e).await),
         };
         let podman = version

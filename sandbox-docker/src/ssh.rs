@@ -136,24 +136,10 @@ fn argv(address: &str, key: Option<&Path>, known_hosts: Option<&Path>) -> Result
         argv.extend(["-p".into(), port.into()]);
     }
     if let Some(key) = key {
-        if !key.is_file() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!("docker: no ssh key at {}", key.display()),
-            )
-            .with_field("ssh_key"));
-        }
-        argv.extend(["-i".into(), path_text(key, "ssh_key")?]);
+        argv.extend(["-i".into(), existing_file(key, "ssh_key")?]);
     }
     if let Some(file) = known_hosts {
-        if !file.is_file() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!("docker: no known_hosts file at {}", file.display()),
-            )
-            .with_field("ssh_known_hosts"));
-        }
-        let file = path_text(file, "ssh_known_hosts")?;
+        let file = existing_file(file, "ssh_known_hosts")?;
         argv.extend([
             "-o".into(),
             format!("UserKnownHostsFile=\"{file}\""),
@@ -169,17 +155,23 @@ fn argv(address: &str, key: Option<&Path>, known_hosts: Option<&Path>) -> Result
     Ok(argv)
 }
 
-/// A path as ssh reads it in an argument or a quoted `-o` value.
-fn path_text(path: &Path, field: &str) -> Result<String> {
+/// A file that exists, as ssh reads it in an argument or a quoted `-o` value
+/// ([`ErrorKind::Config`] naming `field` otherwise).
+fn existing_file(path: &Path, field: &str) -> Result<String> {
+    let config = |why: String| Error::new(ErrorKind::Config, why).with_field(field);
+    if !path.is_file() {
+        return Err(config(format!(
+            "docker: {field}: no file at {}",
+            path.display()
+        )));
+    }
     path.to_str()
         .filter(|p| !p.contains(['"', '\n', '%']))
         .map(str::to_string)
         .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Config,
-                format!("docker: {field} must be a UTF-8 path without quotes, newlines or '%'"),
-            )
-            .with_field(field)
+            config(format!(
+                "docker: {field} must be a UTF-8 path without quotes, newlines or '%'"
+            ))
         })
 }
 

@@ -17,7 +17,7 @@ use runcell_core::ErrorKind;
 use runcell_docker::{DockerConfig, DockerDriver};
 
 mod common;
-use common::{issue, new_ca, strict, whole_run};
+use common::{can_run, issue, new_ca, whole_run};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -93,11 +93,7 @@ async fn tls_front(dir: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_daemon_on_loopback() {
-    if let Some(why) = missing() {
-        if strict() {
-            panic!("the TLS test cannot run: {why}");
-        }
-        eprintln!("skipped: {why}");
+    if !can_run("the TLS test", missing()) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -368,6 +368,7 @@ impl<'a> Suite<'a> {
 /// The test binary `cargo test <args> --no-run` builds.
 fn test_binary(args: &[String]) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("$ cargo test --no-run {}", args.join(" "));
     let out = Command::new(cargo)
         .args(["test", "--no-run", "--quiet", "--message-format=json"])
         .args(args)
@@ -399,13 +400,12 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
     let mut sessions = Vec::new();
     let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/xtask-logs");
     std::fs::create_dir_all(&logs)?;
-    for suite in suites {
-        let mut argv = vec!["test".to_string(), "--no-run".into(), "--quiet".into()];
-        argv.extend(suite.target.cargo_args()?);
-        cargo(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &[])?;
-    }
+    let binaries = suites
+        .iter()
+        .map(|suite| test_binary(&suite.target.cargo_args()?))
+        .collect::<Result<Vec<_>>>()?;
     let mut children = Vec::new();
-    for suite in suites {
+    for (suite, binary) in suites.iter().zip(binaries) {
         let log_path = logs.join(format!("{}.log", suite.label.replace('/', "-")));
         let log = std::fs::File::create(&log_path)?;
         eprintln!("$ suite {} (log: {})", suite.label, log_path.display());
@@ -428,12 +428,12 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
             Some(user) => {
                 // A copy the user can run (a checkout under /root is closed to it); the
                 // suite reads nothing of the package at run time.
-                let binary = podman::stage(&test_binary(&suite.target.cargo_args()?)?, user)?;
+                let binary = podman::stage(&binary, user)?;
                 let mut command = Command::new("runuser");
                 command
                     .args(["-u", user, "--"])
                     .arg(binary)
-                    .current_dir(podman::ROOTLESS_HOME);
+                    .current_dir(podman::ROOTLESS_DIR);
                 command
             }
         };

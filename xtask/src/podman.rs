@@ -19,8 +19,9 @@ const LOG: &str = "/var/log/sandbox-podman.log";
 /// The user the rootless service runs as (made if missing, with subordinate ids), and
 /// the suite on it too: rootless setups run the library as the engine's user.
 pub const ROOTLESS_USER: &str = "sbxrootless";
-/// The rootless service's runtime directory (its `XDG_RUNTIME_DIR`) and socket.
-const ROOTLESS_DIR: &str = "/run/sandbox-podman-rootless";
+/// The rootless service's runtime directory (its `XDG_RUNTIME_DIR`, socket, and what
+/// runs as [`ROOTLESS_USER`] reads: its configuration, the suite's binary).
+pub const ROOTLESS_DIR: &str = "/run/sandbox-podman-rootless";
 
 fn answers(socket: &str) -> bool {
     let ping = || -> std::io::Result<bool> {
@@ -129,9 +130,6 @@ pub fn stage(file: &Path, user: &str) -> Result<std::path::PathBuf> {
     }
     Ok(copy)
 }
-
-/// The working directory of what runs as [`ROOTLESS_USER`].
-pub const ROOTLESS_HOME: &str = ROOTLESS_DIR;
 
 fn run(cmd: &mut Command) -> Result<bool> {
     Ok(cmd
