@@ -682,6 +682,35 @@ impl DockerDriver {
         Ok(())
     }
 
+    /// Lists containers, again when a container vanished while the engine listed it:
+    /// Podman then fails the whole list ("getting container from store ...: container
+    /// not known", status 500) instead of leaving it out, as Docker does.
+    async fn list_containers(
+        &self,
+        options: bollard::query_parameters::ListContainersOptions,
+    ) -> std::result::Result<Vec<bollard::models::ContainerSummary>, bollard::errors::Error> {
+        let mut attempts = 0;
+        loop {
+            match self.docker.list_containers(Some(options.clone())).await {
+                Err(e)
+                    if attempts < 5
+                        && matches!(
+                            e,
+                            bollard::errors::Error::DockerResponseServerError {
+                                status_code: 500,
+                                ..
+                            }
+                        )
+                        && error::message(&e).contains("container not known") =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
     /// The last lines the container wrote, for errors (empty if none or unreadable).
     async fn log_tail(&self, id: &str) -> String {
         let options = bollard::query_parameters::LogsOptionsBuilder::default()
@@ -831,8 +860,7 @@ impl Backend for DockerDriver {
             .filters(&HashMap::from([("label".to_string(), label_filters)]))
             .build();
         let containers = self
-            .docker
-            .list_containers(Some(options))
+            .list_containers(options)
             .await
             .map_err(|e| error::map("list containers", e))?;
         Ok(containers
@@ -953,8 +981,7 @@ impl Backend for DockerDriver {
             .filters(&filters)
             .build();
         let containers = self
-            .docker
-            .list_containers(Some(options))
+            .list_containers(options)
             .await
             .map_err(|e| self.locate(error::map("list containers", e)))?;
         Ok(containers
