@@ -684,16 +684,19 @@ impl DockerDriver {
 
     /// Lists containers, again when a container vanished while the engine listed it:
     /// Podman then fails the whole list ("getting container from store ...: container
-    /// not known", status 500) instead of leaving it out, as Docker does.
+    /// not known", status 500) instead of leaving it out, as Docker does. The window is
+    /// a removal's (storage gone, record not yet), which lasts long on a loaded rootless
+    /// engine: asked again for up to 10 s, 50 ms apart at first, then up to 500 ms.
     async fn list_containers(
         &self,
         options: bollard::query_parameters::ListContainersOptions,
     ) -> std::result::Result<Vec<bollard::models::ContainerSummary>, bollard::errors::Error> {
-        let mut attempts = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut pause = Duration::from_millis(50);
         loop {
             match self.docker.list_containers(Some(options.clone())).await {
                 Err(e)
-                    if attempts < 5
+                    if tokio::time::Instant::now() < deadline
                         && matches!(
                             e,
                             bollard::errors::Error::DockerResponseServerError {
@@ -703,8 +706,9 @@ impl DockerDriver {
                         )
                         && error::message(&e).contains("container not known") =>
                 {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tracing::debug!("the engine lost a container while listing: asking again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
                 }
                 answer => return answer,
             }

@@ -66,8 +66,20 @@ enum Task {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().task {
+/// Errors end the output as one line with their causes, without a backtrace (even under
+/// RUST_BACKTRACE): what a failed suite printed just before stays the last thing shown.
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse().task) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> Result<()> {
+    match task {
         Task::Demo => {
             engine::ensure_packages()?;
             engine::ensure_docker()?;
@@ -439,7 +451,11 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
         };
         let child = command
             // What a failing pool case needs to be understood: claims lost and why.
-            .env("RUST_LOG", "runcell_k8s=debug,runcell_core::pool=debug")
+            // Warnings and errors of the library too (a cleanup that failed).
+            .env(
+                "RUST_LOG",
+                "warn,runcell_k8s=debug,runcell_core::pool=debug",
+            )
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("SANDBOX_TEST", suite.driver)
             .stdout(log.try_clone()?)
