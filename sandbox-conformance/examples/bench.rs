@@ -21,9 +21,8 @@ use runcell_core::{
     RunSpec,
 };
 use tokio::io::AsyncReadExt;
-// Linked for their registration.
+// Linked for its registration (runcell_k8s is named below).
 use runcell_docker as _;
-use runcell_k8s as _;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -314,33 +313,63 @@ async fn main() -> Res<()> {
         );
         // A run with a setting of its own, as an engine's would have.
         let run_spec = spec.clone().env("RUN_TOKEN", "per-run");
-        let pool = runcell_core::Pool::new(
-            driver.clone(),
-            &spec,
-            runcell_core::PoolConfig::default().min_ready(1),
-        )?;
-        let (mut cold, mut pooled) = (Vec::new(), Vec::new());
+        let mut arms = vec![("from a warm pool", driver.clone())];
+        if name == "k8s" {
+            // The same driver on kube's own client (Nagle's algorithm on: kube-rs#2056),
+            // against the driver's client with TCP_NODELAY.
+            let client = kube::Client::try_default().await?;
+            let namespace = client.default_namespace().to_string();
+            let kube_default: Arc<dyn Driver> = Arc::new(runcell_k8s::K8sDriver::from_client(
+                client,
+                namespace,
+                runcell_k8s::K8sConfig::default(),
+            ));
+            arms.push(("pooled, kube's own client", kube_default));
+        }
+        let mut pools = Vec::new();
+        for (label, driver) in &arms {
+            let config = runcell_core::PoolConfig::default().min_ready(1);
+            pools.push((
+                *label,
+                runcell_core::Pool::new(driver.clone(), &spec, config)?,
+            ));
+        }
+        let mut cold = Vec::new();
+        let mut pooled = vec![Vec::new(); pools.len()];
         for _ in 0..rounds {
             let t = Instant::now();
             let run = driver.create(&run_spec).await?;
             call(&*run).await?;
             cold.push(t.elapsed());
             run.stop().await?;
-            // Measured from a ready pool: what a claim costs, not a refill.
-            pool.wait_ready(1, Duration::from_secs(120)).await?;
-            let t = Instant::now();
-            let run = pool.create(&run_spec, Default::default()).await?;
-            call(&*run).await?;
-            pooled.push(t.elapsed());
-            run.stop().await?;
+            for ((_, pool), times) in pools.iter().zip(&mut pooled) {
+                // Measured from a ready pool: what a claim costs, not a refill.
+                pool.wait_ready(1, Duration::from_secs(120)).await?;
+                let t = Instant::now();
+                let run = pool.create(&run_spec, Default::default()).await?;
+                call(&*run).await?;
+                times.push(t.elapsed());
+                run.stop().await?;
+            }
         }
-        let stats = pool.stats();
-        assert_eq!(stats.hits as usize, rounds, "{stats:?}");
-        pool.shutdown().await?;
-        let (c, w) = (median(cold), median(pooled));
+        let c = median(cold);
         println!("cold              p50 {:8.1} ms", ms(c));
-        println!("from a warm pool  p50 {:8.1} ms", ms(w));
-        println!("cold/pooled {:6.1}x", ms(c) / ms(w));
+        let mut medians = Vec::new();
+        for ((label, pool), times) in pools.into_iter().zip(pooled) {
+            let stats = pool.stats();
+            assert_eq!(stats.hits as usize, rounds, "{stats:?}");
+            pool.shutdown().await?;
+            let w = median(times);
+            println!("{label:17} p50 {:8.1} ms", ms(w));
+            medians.push(w);
+        }
+        println!("cold/pooled {:6.1}x", ms(c) / ms(medians[0]));
+        if let Some(kube_default) = medians.get(1) {
+            println!(
+                "kube's own client/ours (pooled) {:5.2}x",
+                ms(*kube_default) / ms(medians[0])
+            );
+        }
     }
 
     let left = driver

@@ -88,7 +88,7 @@ impl K8sDriver {
             .namespace
             .clone()
             .unwrap_or_else(|| kube_config.default_namespace.clone());
-        let client = Client::try_from(kube_config).map_err(|e| {
+        let client = crate::client::build(kube_config).map_err(|e| {
             Error::new(
                 ErrorKind::Unavailable,
                 format!("cannot build a client for {cluster_url}"),

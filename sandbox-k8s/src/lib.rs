@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 
 mod ca;
+mod client;
 mod config;
 mod error;
 mod exec;
