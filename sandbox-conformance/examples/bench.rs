@@ -3,9 +3,10 @@
 //! through the raw Engine API; throughput at parallelism 8; run start with and without
 //! the helper; a fresh container per call; and memory (host RSS over 10 000 helper execs
 //! and 256 MiB each way through stdout, stdin and files; the helper's RSS in the
-//! sandbox); run start cold vs claimed from a warm pool. Arms are interleaved round by
-//! round so that machine noise hits all alike.
-//! Prints medians and ratios.
+//! sandbox); run start cold vs claimed from a warm pool. On Kubernetes, the plain path and
+//! the pooled start also on kube's own client (Nagle on), beside the driver's (TCP_NODELAY).
+//! Arms are interleaved round by round so that machine noise hits all alike. Prints
+//! medians and ratios.
 //!
 //! `cargo xtask bench` (Docker, then the Kubernetes test cluster), or
 //! `cargo run --release -p runcell-conformance --example bench -- <docker|k8s> [rounds]`.
@@ -202,6 +203,19 @@ async fn main() -> Res<()> {
     if driver.capabilities().network_none {
         spec = spec.network(Network::None);
     }
+    // On Kubernetes, the same driver on kube's own client (Nagle's algorithm on:
+    // kube-rs#2056), measured beside the driver's client (TCP_NODELAY).
+    let kube_default: Option<Arc<dyn Driver>> = if name == "k8s" {
+        let client = kube::Client::try_default().await?;
+        let namespace = client.default_namespace().to_string();
+        Some(Arc::new(runcell_k8s::K8sDriver::from_client(
+            client,
+            namespace,
+            runcell_k8s::K8sConfig::default(),
+        )))
+    } else {
+        None
+    };
     let helper_spec = spec.clone().exec_helper(ExecHelper::Required);
     let plain_spec = spec.clone().exec_helper(ExecHelper::Off);
 
@@ -210,11 +224,18 @@ async fn main() -> Res<()> {
     let plain: Arc<dyn Run> = Arc::from(driver.create(&plain_spec).await?);
     assert_eq!(helper.exec_path(), ExecPath::Helper);
     assert_eq!(plain.exec_path(), ExecPath::Plain);
-    let (mut h, mut p, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    let plain_kube: Option<Arc<dyn Run>> = match &kube_default {
+        Some(d) => Some(Arc::from(d.create(&plain_spec).await?)),
+        None => None,
+    };
+    let (mut h, mut p, mut r, mut pk) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         for _ in 0..5 {
             h.push(call(&*helper).await?);
             p.push(call(&*plain).await?);
+            if let Some(run) = &plain_kube {
+                pk.push(call(&**run).await?);
+            }
             if let Some(docker) = &docker {
                 let t = Instant::now();
                 raw_exec(docker, plain.id()).await?;
@@ -235,6 +256,16 @@ async fn main() -> Res<()> {
         println!("raw/helper {:6.1}x", ms(r) / ms(h));
     }
     println!("plain/helper {:6.1}x", ms(p) / ms(h));
+    if let Some(run) = plain_kube {
+        let pk = median(pk);
+        println!("plain path, kube's own client p50 {:8.2} ms", ms(pk));
+        println!(
+            "kube's own client/ours (plain) {:5.2}x; plain on kube's own client/helper {:5.1}x",
+            ms(pk) / ms(p),
+            ms(pk) / ms(h)
+        );
+        run.stop().await?;
+    }
 
     println!("== {name}: throughput on one run, parallelism 8 (helper, plain, helper, plain)");
     let mut hs = Vec::new();
@@ -314,17 +345,8 @@ async fn main() -> Res<()> {
         // A run with a setting of its own, as an engine's would have.
         let run_spec = spec.clone().env("RUN_TOKEN", "per-run");
         let mut arms = vec![("from a warm pool", driver.clone())];
-        if name == "k8s" {
-            // The same driver on kube's own client (Nagle's algorithm on: kube-rs#2056),
-            // against the driver's client with TCP_NODELAY.
-            let client = kube::Client::try_default().await?;
-            let namespace = client.default_namespace().to_string();
-            let kube_default: Arc<dyn Driver> = Arc::new(runcell_k8s::K8sDriver::from_client(
-                client,
-                namespace,
-                runcell_k8s::K8sConfig::default(),
-            ));
-            arms.push(("pooled, kube's own client", kube_default));
+        if let Some(kube_default) = &kube_default {
+            arms.push(("pooled, kube's own client", kube_default.clone()));
         }
         let mut pools = Vec::new();
         for (label, driver) in &arms {
