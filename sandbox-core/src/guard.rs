@@ -70,15 +70,7 @@ impl Drop for CreateGuard {
         // At once, and blocking, so that it is done before a runtime shutdown.
         let first = remove.clone();
         cleanup_from_drop(async move {
-            if let Err(e) = tokio::time::timeout(DROP_STOP_TIMEOUT, first())
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::new(
-                        ErrorKind::Timeout,
-                        "removing a cancelled run timed out",
-                    ))
-                })
-            {
+            if let Err(e) = remove_bounded(&first).await {
                 tracing::error!("could not remove a cancelled run: {e}");
             }
         });
@@ -129,7 +121,19 @@ async fn remove_when_settled(remove: &Remover, in_flight: &TaskTracker) -> Resul
         }
     };
     tokio::join!(settled, tokio::time::sleep(CREATE_RETRY_DELAY));
-    remove().await
+    remove_bounded(remove).await
+}
+
+/// One removal of a cancelled create, bounded by [`DROP_STOP_TIMEOUT`].
+async fn remove_bounded(remove: &Remover) -> Result<()> {
+    tokio::time::timeout(DROP_STOP_TIMEOUT, remove())
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Timeout,
+                "removing a cancelled run timed out",
+            ))
+        })
 }
 
 /// How long a drop may block on stopping the run.
@@ -214,15 +218,20 @@ impl RunGuard {
 /// Stops every run held by a live [`RunGuard`] in this process, and removes every run
 /// still being created.
 pub async fn stop_guarded_runs() {
-    // Each with its bound: a stop DROP_STOP_TIMEOUT; a cancelled create's two removals that
-    // much each, and its requests SETTLE_TIMEOUT to settle in between.
-    let stops: Vec<(BoxFuture<'static, Result<()>>, Duration)> = guarded()
+    // Each step bounded: a stop and each removal by DROP_STOP_TIMEOUT, a cancelled
+    // create's wait for its requests by SETTLE_TIMEOUT.
+    let stops: Vec<BoxFuture<'static, Result<()>>> = guarded()
         .values()
         .filter_map(|entry| match entry {
             Guarded::Run(weak) => weak.upgrade().map(|run| {
-                let stop: BoxFuture<'static, Result<()>> =
-                    Box::pin(async move { run.stop().await });
-                (stop, DROP_STOP_TIMEOUT)
+                let stop: BoxFuture<'static, Result<()>> = Box::pin(async move {
+                    tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop())
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::new(ErrorKind::Timeout, "stopping the run timed out"))
+                        })
+                });
+                stop
             }),
             // At once, and again once its requests settled: a create request still in
             // flight may make its target after the first removal (as in
@@ -230,18 +239,16 @@ pub async fn stop_guarded_runs() {
             Guarded::Creating(remove, in_flight) => {
                 let (remove, in_flight) = (remove.clone(), in_flight.clone());
                 let twice: BoxFuture<'static, Result<()>> = Box::pin(async move {
-                    let first = remove().await;
+                    let first = remove_bounded(&remove).await;
                     remove_when_settled(&remove, &in_flight).await.and(first)
                 });
-                Some((twice, 2 * DROP_STOP_TIMEOUT + SETTLE_TIMEOUT))
+                Some(twice)
             }
         })
         .collect();
-    let stops = stops.into_iter().map(|(stop, bound)| async move {
-        match tokio::time::timeout(bound, stop).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!("could not stop a run on signal: {e}"),
-            Err(_) => tracing::error!("stopping a run on signal timed out"),
+    let stops = stops.into_iter().map(|stop| async move {
+        if let Err(e) = stop.await {
+            tracing::error!("could not stop a run on signal: {e}");
         }
     });
     futures::future::join_all(stops).await;

@@ -141,7 +141,7 @@ fn enforces_limits(info: &bollard::models::SystemInfo, podman_rootless: bool) ->
 /// Whether the Podman service on `socket` runs rootless: the `Rootless` field of its
 /// `/info`, read with a request of our own (bollard's `SystemInfo` drops the field).
 /// False when it cannot be read (then only `name=rootless` counts).
-async fn podman_rootless(socket: &str) -> bool {
+async fn podman_rootless(socket: &str, timeout: Duration) -> bool {
     use http_body_util::BodyExt;
     let read = async {
         let stream = tokio::net::UnixStream::connect(socket).await.ok()?;
@@ -159,10 +159,7 @@ async fn podman_rootless(socket: &str) -> bool {
         let info: serde_json::Value = serde_json::from_slice(&body).ok()?;
         info.get("Rootless")?.as_bool()
     };
-    let rootless = tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .ok()
-        .flatten();
+    let rootless = tokio::time::timeout(timeout, read).await.ok().flatten();
     tracing::debug!(socket, ?rootless, "Podman's Rootless field");
     rootless.unwrap_or(false)
 }
@@ -352,8 +349,13 @@ impl DockerDriver {
             .iter()
             .flatten()
             .any(|c| c.name.contains("Podman"));
+        // Asked only where it matters: rootless limits are lost on cgroup v1 alone.
+        let v1 = matches!(
+            info.cgroup_version,
+            Some(bollard::models::SystemInfoCgroupVersionEnum::_1)
+        );
         let podman_rootless = match address.strip_prefix("unix://") {
-            Some(socket) if podman => podman_rootless(socket).await,
+            Some(socket) if podman && v1 => podman_rootless(socket, timeout).await,
             _ => false,
         };
         let limits = enforces_limits(&info, podman_rootless);
@@ -697,13 +699,7 @@ impl DockerDriver {
             match self.docker.list_containers(Some(options.clone())).await {
                 Err(e)
                     if tokio::time::Instant::now() < deadline
-                        && matches!(
-                            e,
-                            bollard::errors::Error::DockerResponseServerError {
-                                status_code: 500,
-                                ..
-                            }
-                        )
+                        && error::status(&e) == Some(500)
                         && error::message(&e).contains("container not known") =>
                 {
                     tracing::debug!("the engine lost a container while listing: asking again");

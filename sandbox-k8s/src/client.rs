@@ -6,6 +6,8 @@
 //! switch for it, so the client is assembled from kube's public parts as kube assembles
 //! it (timeouts, TLS, base URI, retries, auth, extra headers), on an `HttpConnector` with
 //! `TCP_NODELAY`. With a proxy in the kubeconfig, kube builds the client itself.
+//! Left out: kube's `HTTP` debug spans, and `Client::valid_until` (the expiry of an exec
+//! plugin's client certificate, computed by kube internally; nothing here reads it).
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;

@@ -8,6 +8,7 @@ mod images;
 mod k8s;
 mod podman;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -377,11 +378,15 @@ impl<'a> Suite<'a> {
     }
 }
 
+/// The cargo of this xtask's toolchain.
+fn cargo_bin() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
 /// The test binary `cargo test <args> --no-run` builds.
 fn test_binary(args: &[String]) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("$ cargo test --no-run {}", args.join(" "));
-    let out = Command::new(cargo)
+    let out = Command::new(cargo_bin())
         .args(["test", "--no-run", "--quiet", "--message-format=json"])
         .args(args)
         .stderr(Stdio::inherit())
@@ -412,18 +417,22 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
     let mut sessions = Vec::new();
     let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/xtask-logs");
     std::fs::create_dir_all(&logs)?;
-    let binaries = suites
-        .iter()
-        .map(|suite| test_binary(&suite.target.cargo_args()?))
-        .collect::<Result<Vec<_>>>()?;
+    // Each target's binary once (suites may share a target).
+    let mut binaries: BTreeMap<Vec<String>, PathBuf> = BTreeMap::new();
+    for suite in suites {
+        if let std::collections::btree_map::Entry::Vacant(entry) =
+            binaries.entry(suite.target.cargo_args()?)
+        {
+            let binary = test_binary(entry.key())?;
+            entry.insert(binary);
+        }
+    }
     let mut children = Vec::new();
-    for (suite, binary) in suites.iter().zip(binaries) {
+    for suite in suites {
         let log_path = logs.join(format!("{}.log", suite.label.replace('/', "-")));
         let log = std::fs::File::create(&log_path)?;
         eprintln!("$ suite {} (log: {})", suite.label, log_path.display());
-        let mut argv = vec!["test".to_string()];
-        argv.extend(suite.target.cargo_args()?);
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let args = suite.target.cargo_args()?;
         let mut env = suite.env.clone();
         for (k, v) in &mut env {
             if *k == SESSION_ENV {
@@ -433,14 +442,14 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
         }
         let mut command = match suite.user {
             None => {
-                let mut command = Command::new(cargo);
-                command.args(&argv);
+                let mut command = Command::new(cargo_bin());
+                command.arg("test").args(&args);
                 command
             }
             Some(user) => {
                 // A copy the user can run (a checkout under /root is closed to it); the
                 // suite reads nothing of the package at run time.
-                let binary = podman::stage(&binary, user)?;
+                let binary = podman::stage(&binaries[&args], user)?;
                 let mut command = Command::new("runuser");
                 command
                     .args(["-u", user, "--"])
@@ -597,7 +606,7 @@ fn conformance(
 
 /// Runs cargo with the same toolchain as this xtask.
 fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = cargo_bin();
     eprintln!("$ cargo {}", args.join(" "));
     let status = Command::new(&cargo)
         .args(args)
