@@ -161,6 +161,7 @@ fn run(task: Task) -> Result<()> {
         }
         Task::Test { keep_cluster } => {
             check_required_drivers()?;
+            check_free_space()?;
             // Every run the suite creates carries this session label value, so the
             // leftover checks at the end see this test session's runs and no one else's.
             let session = test_session();
@@ -553,6 +554,29 @@ fn check_required_drivers() -> Result<()> {
              run `cargo xtask conformance --driver <name> --package <pkg>` (or --manifest-path) for it",
             untested.join(", "),
             TESTED_DRIVERS.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// What `cargo xtask test` writes on a fresh clone, measured (`df` every 15 s through
+/// `CI=true .ci/run`): 4.8 GiB more in use at the peak, 4.7 of it under target/ (build
+/// output without incremental caches, as CI builds; about twice that with them, and the
+/// test cluster's binaries), the rest images, containers and the cluster's data.
+const NEEDED_FREE_GIB: u64 = 6;
+
+/// A full disk fails the build halfway, with an error about a temp dir: say it first.
+fn check_free_space() -> Result<()> {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+    let at = std::fs::canonicalize(&target).unwrap_or_else(|_| ".".into());
+    let fs = rustix::fs::statvfs(&at).with_context(|| format!("statvfs {}", at.display()))?;
+    let free_gib = fs.f_bavail.saturating_mul(fs.f_frsize) >> 30;
+    if free_gib < NEEDED_FREE_GIB {
+        bail!(
+            "{} GiB free on the file system of {}; the tests need about {NEEDED_FREE_GIB} GiB \
+             (build output, the test cluster, images): free some (e.g. `cargo clean`, old clones)",
+            free_gib,
+            at.display()
         );
     }
     Ok(())
