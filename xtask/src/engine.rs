@@ -100,8 +100,11 @@ pub fn ensure_docker() -> Result<()> {
     eprintln!("starting {dockerd} (log: /var/log/sandbox-dockerd.log)");
     let log = std::fs::File::create("/var/log/sandbox-dockerd.log")
         .or_else(|_| std::fs::File::create(std::env::temp_dir().join("sandbox-dockerd.log")))?;
+    // It outlives this task and the checkout it ran from: it holds no directory of it.
     Command::new("setsid")
         .arg(dockerd)
+        .current_dir("/")
+        .env("PWD", "/")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -122,10 +122,17 @@ pub fn ensure_rootless(images: &[&str]) -> Result<String> {
 
 /// A copy of `file` in [`ROOTLESS_DIR`] owned by `user` (who may not read the checkout).
 pub fn stage(file: &Path, user: &str) -> Result<std::path::PathBuf> {
+    copy_into(file, Path::new(ROOTLESS_DIR), Some(user))
+}
+
+/// A copy of `file` in `dir`, owned by `owner` if given.
+fn copy_into(file: &Path, dir: &Path, owner: Option<&str>) -> Result<std::path::PathBuf> {
     let name = file.file_name().context("a file name")?;
-    let copy = Path::new(ROOTLESS_DIR).join(name);
+    let copy = dir.join(name);
     std::fs::copy(file, &copy).with_context(|| format!("copying {}", file.display()))?;
-    if !run(Command::new("chown").arg(user).arg(&copy))? {
+    if let Some(user) = owner
+        && !run(Command::new("chown").arg(user).arg(&copy))?
+    {
         bail!("chown {user} {} failed", copy.display());
     }
     Ok(copy)
@@ -140,8 +147,12 @@ fn run(cmd: &mut Command) -> Result<bool> {
 }
 
 /// Starts `podman system service` on `socket` through `launcher` (`setsid`, or `setsid
-/// runuser ...`) and waits until it answers. For a `user`, the configuration is copied
-/// where that user can read it (a checkout under `/root` is not).
+/// runuser ...`) and waits until it answers. The service outlives this task and the
+/// checkout it was started from (a later run from another clone reuses it), so it holds
+/// nothing of the checkout: its configuration is copied beside the socket (readable by
+/// `user`, who may not read a checkout under `/root`), and it runs in `/` (conmon fails
+/// every container start with "Failed to get working directory" once the directory the
+/// service was started in is deleted).
 fn start(
     socket: &str,
     mut launcher: Command,
@@ -150,15 +161,20 @@ fn start(
     user: Option<&str>,
 ) -> Result<()> {
     let _ = std::fs::remove_file(socket);
-    let mut conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testenv/podman/containers.conf");
-    if let Some(user) = user {
-        conf = stage(&conf, user)?;
-    }
+    let conf = copy_into(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../testenv/podman/containers.conf"),
+        Path::new(socket)
+            .parent()
+            .context("the socket's directory")?,
+        user,
+    )?;
     eprintln!("starting podman system service on {socket} (log: {log_path})");
     launcher
         .args(["podman", "system", "service", "--time=0"])
         .arg(format!("unix://{socket}"))
         .env("CONTAINERS_CONF", conf)
+        .current_dir("/")
+        .env("PWD", "/")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
