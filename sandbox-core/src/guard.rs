@@ -124,16 +124,17 @@ async fn remove_when_settled(remove: &Remover, in_flight: &TaskTracker) -> Resul
     remove_bounded(remove).await
 }
 
-/// One removal of a cancelled create, bounded by [`DROP_STOP_TIMEOUT`].
+/// One removal of a cancelled create, bounded.
 async fn remove_bounded(remove: &Remover) -> Result<()> {
-    tokio::time::timeout(DROP_STOP_TIMEOUT, remove())
+    bounded("removing a cancelled run", remove()).await
+}
+
+/// A stop or a removal made on the way out, bounded by [`DROP_STOP_TIMEOUT`]: a
+/// [`ErrorKind::Timeout`] saying `what` timed out after that.
+async fn bounded(what: &str, step: impl Future<Output = Result<()>>) -> Result<()> {
+    tokio::time::timeout(DROP_STOP_TIMEOUT, step)
         .await
-        .unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorKind::Timeout,
-                "removing a cancelled run timed out",
-            ))
-        })
+        .unwrap_or_else(|_| Err(Error::new(ErrorKind::Timeout, format!("{what} timed out"))))
 }
 
 /// How long a drop may block on stopping the run.
@@ -224,13 +225,8 @@ pub async fn stop_guarded_runs() {
         .values()
         .filter_map(|entry| match entry {
             Guarded::Run(weak) => weak.upgrade().map(|run| {
-                let stop: BoxFuture<'static, Result<()>> = Box::pin(async move {
-                    tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop())
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(Error::new(ErrorKind::Timeout, "stopping the run timed out"))
-                        })
-                });
+                let stop: BoxFuture<'static, Result<()>> =
+                    Box::pin(async move { bounded("stopping the run", run.stop()).await });
                 stop
             }),
             // At once, and again once its requests settled: a create request still in
@@ -300,10 +296,8 @@ impl Drop for RunGuard {
         }
         cleanup_from_drop(async move {
             let id = run.id().to_string();
-            match tokio::time::timeout(DROP_STOP_TIMEOUT, run.stop()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(run = %id, "dropped run could not be stopped: {e}"),
-                Err(_) => tracing::error!(run = %id, "dropped run: stop timed out"),
+            if let Err(e) = bounded("stopping the run", run.stop()).await {
+                tracing::error!(run = %id, "dropped run could not be stopped: {e}");
             }
         });
     }

@@ -323,12 +323,11 @@ impl DockerDriver {
                 let Some(stderr) = stderr else {
                     return unavailable(e);
                 };
-                let read = || stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-                while read().is_empty() && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                match read() {
+                let mut said = stderr.subscribe();
+                let arrived = said.wait_for(|said| !said.is_empty());
+                let _ = tokio::time::timeout(Duration::from_secs(1), arrived).await;
+                let said = said.borrow().clone();
+                match said {
                     said if said.is_empty() => unavailable(e),
                     said => unavailable(e).with("ssh", said),
                 }

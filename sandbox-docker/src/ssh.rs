@@ -10,7 +10,7 @@ use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
@@ -21,8 +21,9 @@ use runcell_core::{Error, ErrorKind, Result};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-/// Where the ssh client's complaints go: the last of them, for connection errors.
-pub(crate) type Stderr = Arc<Mutex<String>>;
+/// Where the ssh client's complaints go: the last of them, for connection errors (a
+/// watch, so that an error can wait for them to arrive).
+pub(crate) type Stderr = tokio::sync::watch::Sender<String>;
 
 /// How much of the ssh client's stderr is kept.
 const STDERR_LIMIT: usize = 2048;
@@ -36,7 +37,7 @@ pub(crate) fn connect(
     timeout_secs: u64,
 ) -> Result<(Docker, Stderr)> {
     let argv = Arc::new(argv(address, key, known_hosts)?);
-    let stderr = Stderr::default();
+    let stderr = Stderr::new(String::new());
     let connector = Connector {
         argv,
         stderr: stderr.clone(),
@@ -215,14 +216,15 @@ impl tower_service::Service<hyper::Uri> for Connector {
                             continue;
                         }
                         tracing::debug!("ssh: {line}");
-                        let mut said = stderr.lock().unwrap_or_else(|p| p.into_inner());
-                        if said.len() + line.len() > STDERR_LIMIT {
-                            said.clear();
-                        }
-                        if !said.is_empty() {
-                            said.push('\n');
-                        }
-                        said.push_str(line);
+                        stderr.send_modify(|said| {
+                            if said.len() + line.len() > STDERR_LIMIT {
+                                said.clear();
+                            }
+                            if !said.is_empty() {
+                                said.push('\n');
+                            }
+                            said.push_str(line);
+                        });
                     }
                 });
             }

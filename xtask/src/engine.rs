@@ -79,6 +79,21 @@ pub fn ensure_packages() -> Result<()> {
     Ok(())
 }
 
+/// The launcher of an engine this task starts (`detached().arg(program)...`): in a
+/// session of its own (a signal to this task's process group does not reach it), in `/`
+/// with `PWD=/`, input closed. It outlives this task, and a later run from another
+/// checkout reuses it, so it must hold no directory of this one: once the directory an
+/// engine was started in is deleted, Podman's conmon fails every container start ("Failed
+/// to get working directory"; rootless Podman re-enters it through `PWD`).
+pub fn detached() -> Command {
+    let mut command = Command::new("setsid");
+    command
+        .current_dir("/")
+        .env("PWD", "/")
+        .stdin(Stdio::null());
+    command
+}
+
 /// Makes sure a Docker engine answers: starts `dockerd` if it is installed and we are
 /// root, otherwise says exactly what is missing.
 pub fn ensure_docker() -> Result<()> {
@@ -100,12 +115,8 @@ pub fn ensure_docker() -> Result<()> {
     eprintln!("starting {dockerd} (log: /var/log/sandbox-dockerd.log)");
     let log = std::fs::File::create("/var/log/sandbox-dockerd.log")
         .or_else(|_| std::fs::File::create(std::env::temp_dir().join("sandbox-dockerd.log")))?;
-    // It outlives this task and the checkout it ran from: it holds no directory of it.
-    Command::new("setsid")
+    detached()
         .arg(dockerd)
-        .current_dir("/")
-        .env("PWD", "/")
-        .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()?;

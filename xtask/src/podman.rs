@@ -59,7 +59,7 @@ pub fn ensure(images: &[&str]) -> Result<String> {
         std::fs::create_dir_all(dir)?;
         let log = std::fs::File::create(LOG)
             .or_else(|_| std::fs::File::create(std::env::temp_dir().join("sandbox-podman.log")))?;
-        start(SOCKET, Command::new("setsid"), log, LOG, None)?;
+        start(SOCKET, crate::engine::detached(), log, LOG, None)?;
     }
     for image in images {
         copy_image(image, SOCKET)?;
@@ -106,9 +106,8 @@ pub fn ensure_rootless(images: &[&str]) -> Result<String> {
         )?;
         let log_path = format!("{ROOTLESS_DIR}/service.log");
         let log = std::fs::File::create(&log_path)?;
-        // Detached (its own session) like the rootful one, so a signal to this task's
-        // process group does not reach it through runuser.
-        let mut cmd = Command::new("setsid");
+        // Detached like the rootful one (not through runuser's session).
+        let mut cmd = crate::engine::detached();
         cmd.args(["runuser", "-u", user, "--"])
             .env("XDG_RUNTIME_DIR", ROOTLESS_DIR)
             .env_remove("DBUS_SESSION_BUS_ADDRESS");
@@ -146,13 +145,10 @@ fn run(cmd: &mut Command) -> Result<bool> {
         .success())
 }
 
-/// Starts `podman system service` on `socket` through `launcher` (`setsid`, or `setsid
-/// runuser ...`) and waits until it answers. The service outlives this task and the
-/// checkout it was started from (a later run from another clone reuses it), so it holds
-/// nothing of the checkout: its configuration is copied beside the socket (readable by
-/// `user`, who may not read a checkout under `/root`), and it runs in `/` (conmon fails
-/// every container start with "Failed to get working directory" once the directory the
-/// service was started in is deleted).
+/// Starts `podman system service` on `socket` through `launcher` ([`crate::engine::detached`],
+/// with `runuser ...` for a `user`) and waits until it answers. It outlives the checkout,
+/// so its configuration is copied beside the socket (readable by `user`, who may not read
+/// a checkout under `/root`).
 fn start(
     socket: &str,
     mut launcher: Command,
@@ -173,9 +169,6 @@ fn start(
         .args(["podman", "system", "service", "--time=0"])
         .arg(format!("unix://{socket}"))
         .env("CONTAINERS_CONF", conf)
-        .current_dir("/")
-        .env("PWD", "/")
-        .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()?;
