@@ -182,6 +182,8 @@ pub struct Case {
 pub const MEMORY_CASES: &[&str] = &[
     "large_output_streams_in_bounded_memory",
     "large_files_stream_in_bounded_memory",
+    "garbage_on_the_helpers_streams_costs_only_its_session",
+    "a_hostile_helper_binary_cannot_stall_or_bloat_the_host",
 ];
 
 static EXCLUSIVE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());

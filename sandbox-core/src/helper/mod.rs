@@ -13,6 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -25,7 +27,7 @@ pub(crate) mod files;
 pub(crate) mod proto;
 mod session;
 
-pub(crate) use session::Session;
+pub(crate) use session::{KILL_ANSWER_TIMEOUT, Session};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/helper_bin.rs"));
@@ -39,8 +41,10 @@ pub const HELPER_PATH: &str = "/.runcell/helper";
 /// leaves it at `auto` (and of attached runs): `auto`, `required` or `off`.
 pub const EXEC_HELPER_ENV: &str = "RUNCELL_EXEC_HELPER";
 
-/// How long a helper may take to answer its first frame.
-const GREETING_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a helper may take to answer its first frame (it greets within milliseconds of
+/// its start; a helper that does not is replaced by the plain path, or fails a run that
+/// requires it).
+pub(crate) const GREETING_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// Whether a run's execs go through the in-sandbox helper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -121,24 +125,62 @@ async fn open<B: Backend>(backend: &B, id: &str) -> Result<Session> {
     Ok(session)
 }
 
-/// Starts a helper in target `id`: uploads it first when `fresh` (a new target), else
-/// tries the one in place and uploads once more if that is missing or stale.
-pub(crate) async fn start<B: Backend>(backend: &B, id: &str, fresh: bool) -> Result<Arc<Session>> {
+/// Starts a helper in target `id`, always from a fresh upload of this build's binary: the
+/// file in the target is the sandbox's to change (a root exec may replace it), and its
+/// greeting, computed in the sandbox, proves nothing. Uploading before every start (the
+/// first exec of an attached run, or after a session broke) makes the helper that runs
+/// the one the library ships (it costs one `put_executable` of ~1.5 MB, tens of
+/// milliseconds on Docker); the greeting then checks that the upload is complete.
+pub(crate) async fn start<B: Backend>(backend: &B, id: &str) -> Result<Arc<Session>> {
     if !available() {
         return Err(Error::new(
             ErrorKind::Unsupported,
             "this build has no exec helper (not built for a Linux glibc target)",
         ));
     }
-    if !fresh {
-        match open(backend, id).await {
-            Ok(s) => return Ok(Arc::new(s)),
-            Err(e) if e.kind() == ErrorKind::RunLost => return Err(e),
-            Err(e) => tracing::debug!(run = %id, "no usable helper in place ({e}); uploading it"),
-        }
-    }
+    let began = std::time::Instant::now();
     install(backend, id).await?;
+    let installed = began.elapsed();
     let session = open(backend, id).await?;
-    tracing::debug!(run = %id, pid = session.hello.pid, uid = session.hello.uid, "exec helper started");
+    tracing::debug!(
+        run = %id,
+        pid = session.hello.pid,
+        uid = session.hello.uid,
+        install_ms = installed.as_millis() as u64,
+        start_ms = began.elapsed().as_millis() as u64,
+        "exec helper started"
+    );
     Ok(Arc::new(session))
+}
+
+/// How long [`wake`] may take.
+const WAKE_BOUND: Duration = Duration::from_secs(5);
+
+/// Continues the helper process `pid` of a session that was given up on (`SIGCONT`
+/// through one engine exec, bounded, its output discarded): a helper that was stopped
+/// then reads its closed stream, kills what it started and exits, instead of staying
+/// behind stopped. Harmless for a helper that runs, is gone, or never was one.
+pub(crate) async fn wake<B: Backend>(backend: &B, id: &str, pid: u32) {
+    if pid <= 1 {
+        return;
+    }
+    let exec = RawExec::new([
+        "sh",
+        "-c",
+        "kill -CONT \"$1\" 2>/dev/null; exit 0",
+        "runcell-wake",
+        &pid.to_string(),
+    ]);
+    let wake = async {
+        let mut process = backend.exec_raw(id, exec).await?;
+        drop(process.stdin.take());
+        while let Some(Ok(_)) = process.output.next().await {}
+        Result::Ok(())
+    };
+    if let Ok(Err(e)) | Err(e) = tokio::time::timeout(WAKE_BOUND, wake)
+        .await
+        .map_err(|_| Error::new(ErrorKind::Timeout, "the wake exec did not end"))
+    {
+        tracing::debug!(run = %id, "could not continue the old exec helper: {e}");
+    }
 }

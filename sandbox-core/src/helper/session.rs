@@ -1,10 +1,30 @@
 //! The host side of one helper connection: frames in and out over one exec stream,
 //! multiplexed by id, with the flow-control credits of the protocol.
+//!
+//! The helper runs inside the sandbox, where code can stop it, replace it or write
+//! anything on its stdout and stderr. Whatever it does, this side stays bounded:
+//!
+//! - in time: the greeting, the answer to a spawn and a kill each have a bound (a spawn's
+//!   also the exec's deadline plus [`ANSWER_GRACE`]), and a helper that stops answering
+//!   `PING`s for [`PING_TIMEOUT`] is taken for dead, so that no operation waits on it for
+//!   longer; a session that missed a bound is *retired* (marked broken: its operations end
+//!   as lost, the next exec starts a new helper). So an exec through the helper ends at
+//!   most [`ANSWER_GRACE`] + [`crate::KILL_BOUND`] after its timeout (counted from the
+//!   call; a helper that must start first adds its upload and at most the greeting bound),
+//!   killed by the helper or, when it does not confirm within [`KILL_ANSWER_TIMEOUT`], by
+//!   the engine through the exec marker;
+//! - in memory: stderr is kept or logged up to a cap, a frame is at most
+//!   [`proto::MAX_PAYLOAD`], every id's queue of events holds at most the output bytes its
+//!   credit allows in at most [`MAX_QUEUED`] items (more output is merged into queued
+//!   chunks), and every other event can come once per id;
+//! - in arithmetic: every number from the peer is checked before it is used (a `STDIN_ACK`
+//!   for more bytes than are in flight, a second `STARTED`, more output than granted are
+//!   protocol errors that drop the connection); nothing here panics on what the peer says.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,7 +32,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::proto::{self, Dec, Enc, Entry, FileError, Hello, Spawn, SpawnError};
@@ -20,6 +41,44 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{ExitStatus, OutputChunk};
 use crate::raw::{RawExec, RawProcess, RawStatus};
 use crate::spec::Stdin;
+
+/// How long the helper may take to answer a spawn or a file operation before its
+/// connection is taken for dead (it answers in milliseconds; only a stopped or hostile
+/// helper takes longer).
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long past an exec's deadline its spawn may still be answered before the helper is
+/// taken for hung (the exec then ends `TimedOut`, killed through the engine).
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
+/// How long the helper may take to confirm a kill (its own kill takes about
+/// [`proto::KILL_GRACE_MS`]) before the session is retired and the engine kills instead.
+pub(crate) const KILL_ANSWER_TIMEOUT: Duration = Duration::from_secs(4);
+/// How often the host pings a live helper.
+const PING_INTERVAL: Duration = Duration::from_secs(2);
+/// A helper that leaves a `PING` unanswered this long is taken for dead.
+pub(crate) const PING_TIMEOUT: Duration = Duration::from_secs(8);
+/// Largest greeting frame accepted (a `HELLO` is 36 bytes of payload).
+const MAX_HELLO_FRAME: usize = 1024;
+/// The helper's stderr kept for the error of a failed greeting.
+const GREETING_STDERR: usize = 4096;
+/// The helper's stderr logged per session; the rest is counted, not logged.
+const LOGGED_STDERR: usize = 64 * 1024;
+/// The longest text taken from the peer into an error or event.
+const PEER_TEXT: usize = 4096;
+/// Items one id's queue holds before further output is merged into queued chunks.
+pub(crate) const MAX_QUEUED: usize = 1024;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Text from the peer, lossy and cut at [`PEER_TEXT`] bytes.
+fn peer_text(b: &[u8]) -> String {
+    let mut s = String::from_utf8_lossy(&b[..b.len().min(PEER_TEXT)]).into_owned();
+    if b.len() > PEER_TEXT {
+        s.push_str("...");
+    }
+    s
+}
 
 /// What the helper said about one id.
 #[derive(Debug)]
@@ -36,12 +95,128 @@ pub(crate) enum Event {
     Lost(String),
 }
 
+enum Item {
+    Event(Event),
+    /// Output merged from several frames of one stream (a long queue).
+    Merged {
+        stderr: bool,
+        data: BytesMut,
+    },
+}
+
+#[derive(Default)]
+struct Inbox {
+    items: VecDeque<Item>,
+    closed: bool,
+}
+
+/// One id's queue of events: filled by the reader task without ever blocking it (so that
+/// one slow reader never stalls the connection), bounded by the credit and
+/// [`MAX_QUEUED`].
+#[derive(Default)]
+struct Mailbox {
+    inbox: Mutex<Inbox>,
+    notify: Notify,
+}
+
+impl Mailbox {
+    fn push(&self, event: Event) {
+        let mut inbox = lock(&self.inbox);
+        if inbox.closed {
+            return;
+        }
+        if let Event::Out(chunk) = &event
+            && inbox.items.len() >= MAX_QUEUED
+        {
+            // A long queue: the bytes go into the newest queued chunk of the same stream
+            // (the order between stdout and stderr is approximate anyway), so that tiny
+            // frames cannot multiply the host's memory beyond the credit.
+            let (stderr, bytes) = match chunk {
+                OutputChunk::Stdout(b) => (false, b),
+                OutputChunk::Stderr(b) => (true, b),
+            };
+            let same = inbox.items.iter_mut().rev().find(|item| match item {
+                Item::Event(Event::Out(OutputChunk::Stdout(_))) => !stderr,
+                Item::Event(Event::Out(OutputChunk::Stderr(_))) => stderr,
+                Item::Merged { stderr: s, .. } => *s == stderr,
+                _ => false,
+            });
+            if let Some(item) = same {
+                if let Item::Event(Event::Out(
+                    OutputChunk::Stdout(old) | OutputChunk::Stderr(old),
+                )) = item
+                {
+                    let mut data = BytesMut::with_capacity(old.len() + bytes.len());
+                    data.extend_from_slice(old);
+                    *item = Item::Merged { stderr, data };
+                }
+                if let Item::Merged { data, .. } = item {
+                    data.extend_from_slice(bytes);
+                }
+                return;
+            }
+        }
+        inbox.items.push_back(Item::Event(event));
+        drop(inbox);
+        self.notify.notify_one();
+    }
+
+    fn close(&self) {
+        lock(&self.inbox).closed = true;
+        self.notify.notify_one();
+    }
+
+    /// The next event; `Err(())` while there is none yet; `Ok(None)` once closed and empty.
+    fn try_recv(&self) -> std::result::Result<Option<Event>, ()> {
+        let mut inbox = lock(&self.inbox);
+        match inbox.items.pop_front() {
+            Some(Item::Event(e)) => Ok(Some(e)),
+            Some(Item::Merged { stderr, data }) => {
+                let data = data.freeze();
+                Ok(Some(Event::Out(if stderr {
+                    OutputChunk::Stderr(data)
+                } else {
+                    OutputChunk::Stdout(data)
+                })))
+            }
+            None if inbox.closed => Ok(None),
+            None => Err(()),
+        }
+    }
+
+    async fn recv(&self) -> Option<Event> {
+        loop {
+            let notified = self.notify.notified();
+            if let Ok(event) = self.try_recv() {
+                return event;
+            }
+            notified.await;
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        lock(&self.inbox).items.len()
+    }
+}
+
 struct Slot {
-    events: mpsc::UnboundedSender<Event>,
+    mailbox: Arc<Mailbox>,
     stdin: Option<Arc<Semaphore>>,
     /// Output bytes the helper may still send: a helper that sends more is cut off, so
     /// what the sandbox sends can never grow the host's memory past the credits.
     credit: Arc<AtomicI64>,
+    /// A spawn whose `STARTED` has not come: the only state in which one may come.
+    awaiting_start: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.mailbox.close();
+        if let Some(w) = &self.stdin {
+            w.close();
+        }
+    }
 }
 
 /// The receiving side of one id: its events, the credit it hands back as it consumes
@@ -49,7 +224,7 @@ struct Slot {
 /// while a spawn is unanswered) so that the helper never waits on a reader that is gone.
 pub(crate) struct Receiver {
     id: u32,
-    events: mpsc::UnboundedReceiver<Event>,
+    mailbox: Arc<Mailbox>,
     frames: mpsc::UnboundedSender<Vec<u8>>,
     credit: Arc<AtomicI64>,
     done: bool,
@@ -67,13 +242,13 @@ impl Receiver {
 
     /// The next event; `None` once the connection is gone.
     pub(crate) async fn next(&mut self) -> Option<Event> {
-        let event = self.events.recv().await;
+        let event = self.mailbox.recv().await;
         self.track(event)
     }
 
     /// [`Receiver::next`] from a blocking thread.
     pub(crate) fn blocking_next(&mut self) -> Option<Event> {
-        let event = self.events.blocking_recv();
+        let event = futures::executor::block_on(self.mailbox.recv());
         self.track(event)
     }
 
@@ -102,7 +277,7 @@ impl Receiver {
                             return Some((Ok(chunk), Some(events)));
                         }
                         Some(Event::Exit(s)) => {
-                            *status.lock().unwrap() = Some(s);
+                            *lock(&status) = Some(s);
                             return None;
                         }
                         Some(Event::Lost(why)) => {
@@ -124,9 +299,11 @@ impl Receiver {
 
     /// Grants the helper `n` more output bytes (after consuming as many).
     pub(crate) fn give_credit(&self, n: usize) {
-        self.credit.fetch_add(n as i64, Ordering::Relaxed);
+        // `n` is what this id received: at most its credit, so it fits.
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        self.credit.fetch_add(i64::from(n), Ordering::Relaxed);
         let mut credit = Enc::frame(proto::CREDIT, self.id);
-        credit.u32(n as u32);
+        credit.u32(n);
         let _ = self.frames.send(credit.finish());
     }
 }
@@ -150,6 +327,8 @@ struct Table {
     slots: HashMap<u32, Slot>,
     kills: HashMap<u32, Vec<oneshot::Sender<()>>>,
     dead: Option<String>,
+    /// When the unanswered `PING` was sent.
+    ping: Option<Instant>,
 }
 
 /// One live helper. Dropping it closes the stream: the helper kills what it started and
@@ -175,9 +354,37 @@ fn lost(why: impl Into<String>) -> Error {
     Error::new(ErrorKind::Backend, why.into())
 }
 
+/// The output of a spawn whose outcome is unknown: the command may have run. The pump
+/// reads the error, kills by the exec marker (the session is dead) and reports
+/// [`ExitStatus::TransportLost`].
+fn may_have_run(id: u32, why: String) -> (u32, RawProcess) {
+    let output = futures::stream::iter([Err(io::Error::other(format!(
+        "{why}; the command may have run"
+    )))])
+    .boxed();
+    (
+        id,
+        RawProcess {
+            output,
+            stdin: None,
+            status: Box::new(HelperStatus(Arc::new(Mutex::new(None)))),
+        },
+    )
+}
+
+/// What became of a spawn's wait for its answer.
+enum Answer {
+    Got(Option<Event>),
+    /// The exec's deadline (and the grace) passed.
+    Deadline,
+    /// [`ANSWER_TIMEOUT`] passed.
+    Silent,
+}
+
 impl Session {
-    /// Takes over a started helper exec: waits for its `HELLO` (bounded), then runs the
-    /// reader and writer tasks.
+    /// Takes over a started helper exec: waits for its `HELLO` (bounded in time, and in
+    /// what it keeps of the helper's output meanwhile), then runs the reader, writer and
+    /// pinger tasks.
     pub(crate) async fn open(mut process: RawProcess, timeout: Duration) -> Result<Session> {
         let mut sink = process
             .stdin
@@ -185,8 +392,18 @@ impl Session {
             .ok_or_else(|| lost("the helper exec has no stdin"))?;
         let mut buf = BytesMut::new();
         let mut stderr = Vec::new();
+        let mut stderr_total = 0u64;
         let hello = tokio::time::timeout(timeout, async {
             loop {
+                if buf.len() >= 5 {
+                    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+                    if buf[4] != proto::HELLO {
+                        return Err(lost("the helper did not greet"));
+                    }
+                    if len > MAX_HELLO_FRAME {
+                        return Err(lost("the helper sent a malformed greeting"));
+                    }
+                }
                 if let Some((kind, _, payload, n)) = proto::split_frame(&buf)
                     .map_err(|_| lost("the helper sent a malformed frame"))?
                 {
@@ -200,25 +417,37 @@ impl Session {
                 }
                 match process.output.next().await {
                     Some(Ok(OutputChunk::Stdout(b))) => buf.extend_from_slice(&b),
-                    Some(Ok(OutputChunk::Stderr(b))) => stderr.extend_from_slice(&b),
+                    Some(Ok(OutputChunk::Stderr(b))) => {
+                        stderr_total = stderr_total.saturating_add(b.len() as u64);
+                        let room = GREETING_STDERR.saturating_sub(stderr.len());
+                        stderr.extend_from_slice(&b[..room.min(b.len())]);
+                    }
                     Some(Err(e)) => return Err(lost(format!("the helper exec broke: {e}"))),
                     None => {
-                        let status = process.status.status().await;
+                        let status = tokio::time::timeout(PING_TIMEOUT, process.status.status())
+                            .await
+                            .map_err(|_| lost("no exit status"))
+                            .and_then(|s| s);
                         let status = match status {
                             Ok(s) => s.to_string(),
                             Err(e) => e.to_string(),
                         };
-                        let stderr = String::from_utf8_lossy(&stderr);
+                        let mut text = String::from_utf8_lossy(&stderr).trim().to_string();
+                        if stderr_total > stderr.len() as u64 {
+                            text.push_str(&format!(
+                                " (and {} more bytes)",
+                                stderr_total - stderr.len() as u64
+                            ));
+                        }
                         return Err(lost(format!(
-                            "the helper ended before its greeting ({status}): {}",
-                            stderr.trim()
+                            "the helper ended before its greeting ({status}): {text}"
                         )));
                     }
                 }
             }
         })
         .await
-        .map_err(|_| lost("the helper did not greet in time"))??;
+        .map_err(|_| lost(format!("the helper did not greet within {timeout:?}")))??;
 
         let table = Arc::new(Mutex::new(Table::default()));
         let (frames, mut frames_rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -249,18 +478,22 @@ impl Session {
                     },
                     _ = stop.cancelled() => "the session closed".to_string(),
                 };
-                let _ = sink.shutdown().await;
                 fail_all(&table, &why);
                 stop.cancel();
+                // A helper that does not read may never let the close through.
+                let _ = tokio::time::timeout(Duration::from_secs(1), sink.shutdown()).await;
             });
         }
 
-        // Reader: frames from the helper's stdout, dispatched by id.
+        // Reader: frames from the helper's stdout, dispatched by id. It never waits on a
+        // reader of one id (events are queued, bounded by the credits).
         {
             let (table, stop) = (table.clone(), stop.clone());
             let mut output = process.output;
             let status = process.status;
             tokio::spawn(async move {
+                let mut logged = 0usize;
+                let mut unlogged = 0u64;
                 let read = async {
                     loop {
                         while let Some((kind, id, payload, n)) = proto::split_frame(&buf)
@@ -272,16 +505,26 @@ impl Session {
                         match output.next().await {
                             Some(Ok(OutputChunk::Stdout(b))) => buf.extend_from_slice(&b),
                             Some(Ok(OutputChunk::Stderr(b))) => {
-                                tracing::debug!(
-                                    "exec helper: {}",
-                                    String::from_utf8_lossy(&b).trim_end()
-                                );
+                                let room = LOGGED_STDERR.saturating_sub(logged);
+                                if room > 0 {
+                                    let shown = &b[..room.min(b.len())];
+                                    logged += shown.len();
+                                    tracing::debug!(
+                                        "exec helper: {}",
+                                        String::from_utf8_lossy(shown).trim_end()
+                                    );
+                                }
+                                unlogged =
+                                    unlogged.saturating_add((b.len() - room.min(b.len())) as u64);
                             }
                             Some(Err(e)) => return Err(format!("the helper stream broke: {e}")),
                             None => {
-                                let s = match status.status().await {
-                                    Ok(s) => s.to_string(),
-                                    Err(e) => e.to_string(),
+                                let s = match tokio::time::timeout(PING_TIMEOUT, status.status())
+                                    .await
+                                {
+                                    Ok(Ok(s)) => s.to_string(),
+                                    Ok(Err(e)) => e.to_string(),
+                                    Err(_) => "no exit status".to_string(),
                                 };
                                 return Err(format!("the helper ended ({s})"));
                             }
@@ -294,9 +537,45 @@ impl Session {
                     r = read => r.err().unwrap_or_default(),
                     _ = stop.cancelled() => "the session closed".to_string(),
                 };
+                if unlogged > 0 {
+                    tracing::debug!("exec helper: {unlogged} more bytes of stderr not logged");
+                }
                 fail_all(&table, &why);
                 // The writer closes the helper's stdin: it kills what still runs.
                 stop.cancel();
+            });
+        }
+
+        // Pinger: a helper that stops answering (stopped, hung, or not reading) is taken
+        // for dead, so that nothing waits on it for longer than PING_TIMEOUT.
+        {
+            let (table, stop, frames) = (table.clone(), stop.clone(), frames.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(PING_INTERVAL) => {}
+                    }
+                    let overdue = {
+                        let mut table = lock(&table);
+                        match table.ping {
+                            Some(sent) => sent.elapsed() >= PING_TIMEOUT,
+                            None => {
+                                table.ping = Some(Instant::now());
+                                let _ = frames.send(Enc::frame(proto::PING, 0).finish());
+                                false
+                            }
+                        }
+                    };
+                    if overdue {
+                        let why =
+                            format!("the helper did not answer a ping within {PING_TIMEOUT:?}");
+                        tracing::warn!("{why}; its connection is dropped");
+                        fail_all(&table, &why);
+                        stop.cancel();
+                        return;
+                    }
+                }
             });
         }
 
@@ -312,30 +591,38 @@ impl Session {
 
     /// Why the connection is gone, once it is.
     pub(crate) fn dead(&self) -> Option<String> {
-        self.table.lock().unwrap().dead.clone()
+        lock(&self.table).dead.clone()
+    }
+
+    /// Marks the session broken (every open operation ends as lost, the next exec of the
+    /// run starts a new helper) and closes its stream.
+    pub(crate) fn retire(&self, why: &str) {
+        fail_all(&self.table, why);
+        self.stop.cancel();
     }
 
     /// Opens an id: its receiver, and a stdin window when asked.
-    fn open_id(&self, window: bool) -> Result<(Receiver, Option<Arc<Semaphore>>)> {
+    fn open_id(&self, window: bool, spawn: bool) -> Result<(Receiver, Option<Arc<Semaphore>>)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let mailbox = Arc::new(Mailbox::default());
         let stdin = window.then(|| Arc::new(Semaphore::new(proto::STDIN_WINDOW as usize)));
         let credit = Arc::new(AtomicI64::new(i64::from(proto::INITIAL_CREDIT)));
-        let mut table = self.table.lock().unwrap();
+        let mut table = lock(&self.table);
         if let Some(why) = &table.dead {
             return Err(lost(why.clone()));
         }
         table.slots.insert(
             id,
             Slot {
-                events: tx,
+                mailbox: mailbox.clone(),
                 stdin: stdin.clone(),
                 credit: credit.clone(),
+                awaiting_start: spawn,
             },
         );
         let receiver = Receiver {
             id,
-            events: rx,
+            mailbox,
             frames: self.frames.clone(),
             credit,
             done: false,
@@ -344,11 +631,20 @@ impl Session {
         Ok((receiver, stdin))
     }
 
-    /// Starts one exec: waits for the helper's answer (started or a typed spawn error).
-    pub(crate) async fn spawn(self: &Arc<Self>, raw: &RawExec) -> Result<(u32, RawProcess)> {
+    /// Starts one exec and waits for the helper's answer: started, or a typed spawn error.
+    ///
+    /// The wait is bounded by [`ANSWER_TIMEOUT`], and by `deadline` (the exec's) plus
+    /// [`ANSWER_GRACE`]. A helper that misses the bound is retired; since the command may
+    /// have started, the exec is returned anyway, with output that ends at once: past the
+    /// deadline the pump times it out, else it ends as lost; either way the pump kills by
+    /// the exec marker. So does a connection that breaks before the answer: the helper may
+    /// have started the command (`TransportLost`, never an error).
+    pub(crate) async fn spawn(
+        self: &Arc<Self>,
+        raw: &RawExec,
+        deadline: Option<Instant>,
+    ) -> Result<(u32, RawProcess)> {
         let piped = !matches!(raw.stdin, Stdin::Null);
-        let (mut events, window) = self.open_id(piped)?;
-        let id = events.id;
         let spawn = Spawn {
             argv: raw.argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
             env: raw
@@ -360,38 +656,80 @@ impl Session {
             user: raw.user.as_ref().map(|u| u.as_bytes().to_vec()),
             stdin_piped: piped,
         };
+        let (mut events, window) = self.open_id(piped, true)?;
+        let id = events.id;
         let mut frame = Enc::frame(proto::SPAWN, id);
         spawn.encode(&mut frame);
         let frame = frame.finish();
         if frame.len() > proto::MAX_PAYLOAD {
             // Not reached with validated specs (argv and env are capped at 1 MiB each).
+            events.quiet();
+            lock(&self.table).slots.remove(&id);
             return Err(Error::invalid_spec(
                 "argv",
                 "the command and its env are too large",
             ));
         }
-        let _ = self.send_frame(frame);
+        if self.send_frame(frame).is_err() {
+            // Never sent: nothing ran.
+            events.quiet();
+            return Err(lost("the helper connection closed"));
+        }
         let status = Arc::new(Mutex::new(None));
         // Dropped before the answer: the helper kills what it may have started.
         events.kill_on_drop = true;
-        let answer = match tokio::time::timeout(ANSWER_TIMEOUT, events.next()).await {
-            Ok(answer) => answer,
-            Err(_) => {
-                self.stop.cancel();
-                return Err(lost(format!(
-                    "the helper did not answer a spawn within {ANSWER_TIMEOUT:?}; its connection is dropped"
-                )));
+        let limit = Instant::now() + ANSWER_TIMEOUT;
+        let answer = match deadline.filter(|d| *d < limit) {
+            None => match tokio::time::timeout_at(limit, events.next()).await {
+                Ok(event) => Answer::Got(event),
+                Err(_) => Answer::Silent,
+            },
+            Some(deadline) => match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(event) => Answer::Got(event),
+                Err(_) => match tokio::time::timeout(ANSWER_GRACE, events.next()).await {
+                    Ok(event) => Answer::Got(event),
+                    Err(_) => Answer::Deadline,
+                },
+            },
+        };
+        let event = match answer {
+            Answer::Got(event) => event,
+            Answer::Deadline => {
+                let why = "the helper did not answer a spawn by the exec's deadline";
+                tracing::warn!(
+                    "{why}; its connection is dropped, the exec killed through the engine"
+                );
+                self.retire(why);
+                // The deadline passed: the pump times the exec out and kills it.
+                return Ok((
+                    id,
+                    RawProcess {
+                        output: futures::stream::pending().boxed(),
+                        stdin: None,
+                        status: Box::new(HelperStatus(status)),
+                    },
+                ));
+            }
+            Answer::Silent => {
+                let why = format!("the helper did not answer a spawn within {ANSWER_TIMEOUT:?}");
+                tracing::warn!("{why}; its connection is dropped");
+                self.retire(&why);
+                return Ok(may_have_run(id, why));
             }
         };
         events.kill_on_drop = false;
-        match answer {
+        match event {
             Some(Event::Started) => {}
             Some(Event::SpawnFailed(kind, message)) => {
                 return spawn_failed(id, &raw.argv[0], kind, message);
             }
-            Some(Event::Lost(why)) => return Err(lost(why)),
-            None => return Err(lost("the helper connection closed")),
-            Some(other) => return Err(lost(format!("the helper answered a spawn with {other:?}"))),
+            Some(Event::Lost(why)) => return Ok(may_have_run(id, why)),
+            None => return Ok(may_have_run(id, "the helper connection closed".into())),
+            Some(other) => {
+                let why = format!("the helper answered a spawn with {other:?}");
+                self.retire(&why);
+                return Ok(may_have_run(id, why));
+            }
         }
         let stdin = window.map(|window| self.stdin_sink(id, window));
         let output = events.into_output(status.clone());
@@ -421,6 +759,7 @@ impl Session {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
+                // `n` is at most CHUNK.
                 match window.acquire_many(n as u32).await {
                     Ok(permit) => permit.forget(),
                     Err(_) => return, // the exec ended
@@ -437,10 +776,12 @@ impl Session {
     }
 
     /// Kills the process tree of exec `id`; returns once the helper says it is done.
+    /// Unbounded here: the caller bounds it ([`KILL_ANSWER_TIMEOUT`]); a dead session
+    /// ends it at once.
     pub(crate) async fn kill(&self, id: u32) -> Result<()> {
         let (tx, rx) = oneshot::channel();
         {
-            let mut table = self.table.lock().unwrap();
+            let mut table = lock(&self.table);
             if let Some(why) = &table.dead {
                 return Err(lost(why.clone()));
             }
@@ -458,7 +799,7 @@ impl Session {
         kind: u8,
         path: &str,
     ) -> Result<(u32, Receiver, Option<Arc<Semaphore>>)> {
-        let (events, window) = self.open_id(kind == proto::PUT)?;
+        let (events, window) = self.open_id(kind == proto::PUT, false)?;
         let id = events.id;
         let mut frame = Enc::frame(kind, id);
         frame.bytes(path.as_bytes());
@@ -473,11 +814,6 @@ impl Session {
             .map_err(|_| lost("the helper connection closed"))
     }
 }
-
-/// How long the helper may take to answer a spawn or a file operation before its
-/// connection is taken for dead (it answers in milliseconds; only a silently dropped
-/// connection takes longer).
-pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A spawn the helper refused, as the plain path reports it: a missing or
 /// non-executable program is exit 127 / 126 with the reason on stderr; a missing working
@@ -539,9 +875,7 @@ struct HelperStatus(Arc<Mutex<Option<ExitStatus>>>);
 #[async_trait]
 impl RawStatus for HelperStatus {
     async fn status(&self) -> Result<ExitStatus> {
-        self.0
-            .lock()
-            .unwrap()
+        lock(&self.0)
             .clone()
             .ok_or_else(|| lost("the helper reported no exit status"))
     }
@@ -549,20 +883,18 @@ impl RawStatus for HelperStatus {
 
 /// Marks the connection dead and tells every open id.
 fn fail_all(table: &Mutex<Table>, why: &str) {
-    let mut table = table.lock().unwrap();
+    let mut table = lock(table);
     if table.dead.is_none() {
         table.dead = Some(why.to_string());
     }
     for (_, slot) in table.slots.drain() {
-        let _ = slot.events.send(Event::Lost(why.to_string()));
-        if let Some(w) = slot.stdin {
-            w.close();
-        }
+        slot.mailbox.push(Event::Lost(why.to_string()));
+        // Dropping the slot closes its queue and stdin window.
     }
     table.kills.clear();
 }
 
-/// Routes one frame from the helper.
+/// Routes one frame from the helper; `Err` is a protocol error (the connection is dropped).
 fn dispatch(
     table: &Mutex<Table>,
     kind: u8,
@@ -571,23 +903,32 @@ fn dispatch(
 ) -> std::result::Result<(), String> {
     let bad = || format!("the helper sent a malformed frame (kind {kind})");
     let mut d = Dec::new(payload);
-    let mut table = table.lock().unwrap();
+    let mut table = lock(table);
+    let len = i64::try_from(payload.len()).unwrap_or(i64::MAX);
     if matches!(kind, proto::STDOUT | proto::STDERR | proto::ENTRY)
         && let Some(slot) = table.slots.get(&id)
-        && slot
-            .credit
-            .fetch_sub(payload.len() as i64, Ordering::Relaxed)
-            < payload.len() as i64
+        && slot.credit.fetch_sub(len, Ordering::Relaxed) < len
     {
         return Err(format!(
             "the helper sent more output for id {id} than it was granted"
         ));
     }
     let (event, last) = match kind {
-        proto::STARTED => (Event::Started, false),
+        proto::STARTED => {
+            match table.slots.get_mut(&id) {
+                Some(slot) if slot.awaiting_start => slot.awaiting_start = false,
+                Some(_) => {
+                    return Err(format!(
+                        "the helper sent STARTED twice or for a file operation (id {id})"
+                    ));
+                }
+                None => return Ok(()),
+            }
+            (Event::Started, false)
+        }
         proto::SPAWN_ERROR => {
             let k = SpawnError::from_u8(d.u8().map_err(|_| bad())?);
-            let msg = String::from_utf8_lossy(d.bytes().map_err(|_| bad())?).into_owned();
+            let msg = peer_text(d.bytes().map_err(|_| bad())?);
             (Event::SpawnFailed(k, msg), true)
         }
         proto::STDOUT => (
@@ -615,19 +956,33 @@ fn dispatch(
         proto::DONE => (Event::Done, true),
         proto::FILE_ERROR => {
             let k = FileError::from_u8(d.u8().map_err(|_| bad())?);
-            let path = String::from_utf8_lossy(d.bytes().map_err(|_| bad())?).into_owned();
-            let msg = String::from_utf8_lossy(d.bytes().map_err(|_| bad())?).into_owned();
+            let path = peer_text(d.bytes().map_err(|_| bad())?);
+            let msg = peer_text(d.bytes().map_err(|_| bad())?);
             (Event::FileFailed(k, path, msg), true)
         }
         proto::STDIN_ACK => {
             let n = d.u32().map_err(|_| bad())?;
-            if let Some(w) = table.slots.get(&id).and_then(|s| s.stdin.as_ref()) {
-                w.add_permits(n as usize);
+            if let Some(w) = table.slots.get(&id).and_then(|s| s.stdin.as_ref())
+                && !w.is_closed()
+            {
+                // At most what is in flight: the window less what is free.
+                let n = n as usize;
+                let free = w.available_permits();
+                if n.checked_add(free)
+                    .is_none_or(|total| total > proto::STDIN_WINDOW as usize)
+                {
+                    return Err(format!(
+                        "the helper acknowledged {n} stdin bytes of id {id}, more than were sent"
+                    ));
+                }
+                w.add_permits(n.min(Semaphore::MAX_PERMITS - free));
             }
             return Ok(());
         }
-        // Nothing sends pings today; an answer is harmless.
-        proto::PONG => return Ok(()),
+        proto::PONG => {
+            table.ping = None;
+            return Ok(());
+        }
         proto::KILLED => {
             for tx in table.kills.remove(&id).unwrap_or_default() {
                 let _ = tx.send(());
@@ -637,20 +992,417 @@ fn dispatch(
         proto::PROTOCOL_ERROR => {
             return Err(format!(
                 "the helper refused a frame: {}",
-                String::from_utf8_lossy(d.bytes().unwrap_or_default())
+                peer_text(d.bytes().unwrap_or_default())
             ));
         }
         _ => return Err(bad()),
     };
     if last {
         if let Some(slot) = table.slots.remove(&id) {
-            let _ = slot.events.send(event);
-            if let Some(w) = slot.stdin {
-                w.close();
-            }
+            slot.mailbox.push(event);
         }
     } else if let Some(slot) = table.slots.get(&id) {
-        let _ = slot.events.send(event);
+        slot.mailbox.push(event);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! A fake peer speaks for the helper: whatever numbers and sizes it sends, the host
+    //! stays bounded and never panics.
+
+    use super::*;
+
+    struct FakeStatus;
+
+    #[async_trait]
+    impl RawStatus for FakeStatus {
+        async fn status(&self) -> Result<ExitStatus> {
+            Ok(ExitStatus::Exited(0))
+        }
+    }
+
+    struct Peer {
+        out: Option<mpsc::UnboundedSender<io::Result<OutputChunk>>>,
+        input: tokio::io::DuplexStream,
+        buf: Vec<u8>,
+    }
+
+    impl Peer {
+        fn send(&self, frame: Vec<u8>) {
+            if let Some(out) = &self.out {
+                let _ = out.send(Ok(OutputChunk::Stdout(frame.into())));
+            }
+        }
+
+        fn stderr(&self, b: Bytes) {
+            if let Some(out) = &self.out {
+                let _ = out.send(Ok(OutputChunk::Stderr(b)));
+            }
+        }
+
+        /// Ends the helper's output (the helper exited).
+        fn hang_up(&mut self) {
+            self.out = None;
+        }
+
+        /// The next frame from the host, skipping `PING`s and `CREDIT`s.
+        async fn expect(&mut self, kind: u8) -> (u32, Vec<u8>) {
+            loop {
+                if let Ok(Some((k, id, payload, n))) = proto::split_frame(&self.buf) {
+                    let frame = (k, id, payload.to_vec());
+                    self.buf.drain(..n);
+                    if frame.0 == kind {
+                        return (frame.1, frame.2);
+                    }
+                    assert!(
+                        matches!(frame.0, proto::PING | proto::CREDIT),
+                        "expected kind {kind}, got {}",
+                        frame.0
+                    );
+                    continue;
+                }
+                let mut chunk = vec![0u8; 64 * 1024];
+                let n = self.input.read(&mut chunk).await.expect("host stream");
+                assert!(n > 0, "the host closed the stream");
+                self.buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+
+    fn fake() -> (RawProcess, Peer) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let output = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        })
+        .boxed();
+        let (near, far) = tokio::io::duplex(1 << 20);
+        (
+            RawProcess {
+                output,
+                stdin: Some(Box::pin(near)),
+                status: Box::new(FakeStatus),
+            },
+            Peer {
+                out: Some(tx),
+                input: far,
+                buf: Vec::new(),
+            },
+        )
+    }
+
+    fn hello() -> Vec<u8> {
+        let mut e = Enc::frame(proto::HELLO, 0);
+        Hello {
+            version: proto::VERSION,
+            pid: 7,
+            uid: 0,
+            gid: 0,
+            size: 1,
+            digest: 2,
+        }
+        .encode(&mut e);
+        e.finish()
+    }
+
+    fn frame_u32(kind: u8, id: u32, v: u32) -> Vec<u8> {
+        let mut e = Enc::frame(kind, id);
+        e.u32(v);
+        e.finish()
+    }
+
+    fn data(kind: u8, id: u32, n: usize) -> Vec<u8> {
+        let mut e = Enc::frame(kind, id);
+        e.raw(&vec![b'x'; n]);
+        e.finish()
+    }
+
+    async fn opened() -> (Arc<Session>, Peer) {
+        let (process, peer) = fake();
+        peer.send(hello());
+        let session = Session::open(process, Duration::from_secs(5))
+            .await
+            .expect("greeting");
+        (Arc::new(session), peer)
+    }
+
+    fn exec(stdin: Stdin) -> RawExec {
+        let mut raw = RawExec::new(["cat"]);
+        raw.stdin = stdin;
+        raw
+    }
+
+    /// A started exec: the peer answered its `SPAWN` with `STARTED`.
+    async fn started(session: &Arc<Session>, peer: &mut Peer, stdin: Stdin) -> (u32, RawProcess) {
+        let spawn = {
+            let session = session.clone();
+            tokio::spawn(async move { session.spawn(&exec(stdin), None).await })
+        };
+        let (id, _) = peer.expect(proto::SPAWN).await;
+        peer.send(frame_u32(proto::STARTED, id, 42));
+        let (hid, process) = spawn.await.unwrap().expect("spawn");
+        assert_eq!(hid, id);
+        (id, process)
+    }
+
+    async fn dead_within(session: &Session, within: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(why) = session.dead() {
+                return why;
+            }
+            assert!(start.elapsed() < within, "the session is still alive");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn first_error(process: &mut RawProcess) -> String {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), process.output.next()).await {
+                Ok(Some(Ok(_))) => continue,
+                Ok(Some(Err(e))) => return e.to_string(),
+                Ok(None) => panic!("the output ended without an error"),
+                Err(_) => panic!("the output never ended"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn stdin_acks_near_u32_max_drop_the_connection_without_a_panic() {
+        for ack in [u32::MAX, u32::MAX - 1, proto::STDIN_WINDOW + 1, 1] {
+            let (session, mut peer) = opened().await;
+            let (id, mut process) = started(&session, &mut peer, Stdin::Piped).await;
+            // Nothing was sent on stdin: even one acknowledged byte is a lie.
+            peer.send(frame_u32(proto::STDIN_ACK, id, ack));
+            let why = dead_within(&session, Duration::from_secs(5)).await;
+            assert!(why.contains("acknowledged"), "{why}");
+            assert!(first_error(&mut process).await.contains("acknowledged"));
+            // Still usable as a value: no poisoned lock, no panic.
+            assert!(session.kill(id).await.is_err());
+        }
+    }
+
+    #[tokio::test]
+    async fn output_beyond_the_credit_drops_the_connection() {
+        let (session, mut peer) = opened().await;
+        let (id, mut process) = started(&session, &mut peer, Stdin::Null).await;
+        let frames = proto::INITIAL_CREDIT as usize / proto::CHUNK;
+        for _ in 0..frames {
+            peer.send(data(proto::STDOUT, id, proto::CHUNK));
+        }
+        peer.send(data(proto::STDERR, id, 1));
+        let why = dead_within(&session, Duration::from_secs(5)).await;
+        assert!(why.contains("more output"), "{why}");
+        let mut got = 0;
+        loop {
+            match process.output.next().await {
+                Some(Ok(OutputChunk::Stdout(b) | OutputChunk::Stderr(b))) => got += b.len(),
+                Some(Err(_)) => break,
+                None => panic!("no error"),
+            }
+        }
+        assert!(got <= proto::INITIAL_CREDIT as usize);
+    }
+
+    #[tokio::test]
+    async fn huge_lengths_are_refused_not_allocated() {
+        let (session, peer) = opened().await;
+        let mut frame = u32::MAX.to_le_bytes().to_vec();
+        frame.extend_from_slice(&[proto::STDOUT, 1, 0, 0, 0]);
+        peer.send(frame);
+        let why = dead_within(&session, Duration::from_secs(5)).await;
+        assert!(why.contains("malformed"), "{why}");
+
+        // A string length past its payload, and a protocol error of 4 MiB of text.
+        let (session, mut peer) = opened().await;
+        let (id, _process) = started(&session, &mut peer, Stdin::Null).await;
+        let mut e = Enc::frame(proto::SPAWN_ERROR, id);
+        e.u8(1).u32(u32::MAX);
+        peer.send(e.finish());
+        let why = dead_within(&session, Duration::from_secs(5)).await;
+        assert!(why.contains("malformed"), "{why}");
+
+        let (session, peer) = opened().await;
+        let mut e = Enc::frame(proto::PROTOCOL_ERROR, 0);
+        e.bytes(&vec![b'y'; proto::MAX_PAYLOAD - 4]);
+        peer.send(e.finish());
+        let why = dead_within(&session, Duration::from_secs(5)).await;
+        assert!(why.len() < PEER_TEXT + 200, "{} bytes kept", why.len());
+    }
+
+    #[tokio::test]
+    async fn started_twice_drops_the_connection() {
+        let (session, mut peer) = opened().await;
+        let (id, _process) = started(&session, &mut peer, Stdin::Null).await;
+        for _ in 0..1000 {
+            peer.send(frame_u32(proto::STARTED, id, 42));
+        }
+        let why = dead_within(&session, Duration::from_secs(5)).await;
+        assert!(why.contains("STARTED"), "{why}");
+        // A file operation never gets one.
+        let (session, mut peer) = opened().await;
+        let (id, _events, _) = session.file_op(proto::GET, "/x").unwrap();
+        peer.expect(proto::GET).await;
+        peer.send(frame_u32(proto::STARTED, id, 1));
+        let why = dead_within(&session, Duration::from_secs(5)).await;
+        assert!(why.contains("STARTED"), "{why}");
+    }
+
+    #[test]
+    fn tiny_frames_cannot_multiply_queued_items() {
+        let mailbox = Mailbox::default();
+        let n = 200_000;
+        for i in 0..n {
+            let b = Bytes::from_static(b"z");
+            mailbox.push(Event::Out(if i % 2 == 0 {
+                OutputChunk::Stdout(b)
+            } else {
+                OutputChunk::Stderr(b)
+            }));
+        }
+        assert!(
+            mailbox.len() <= MAX_QUEUED,
+            "{} items queued",
+            mailbox.len()
+        );
+        mailbox.close();
+        let (mut out, mut err) = (0, 0);
+        while let Ok(Some(event)) = mailbox.try_recv() {
+            match event {
+                Event::Out(OutputChunk::Stdout(b)) => out += b.len(),
+                Event::Out(OutputChunk::Stderr(b)) => err += b.len(),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((out, err), (n / 2, n / 2), "bytes were lost or added");
+    }
+
+    #[tokio::test]
+    async fn the_greeting_keeps_bounded_stderr_and_refuses_a_huge_first_frame() {
+        let (process, mut peer) = fake();
+        let flood = Bytes::from(vec![b'e'; 64 * 1024]);
+        for _ in 0..256 {
+            peer.stderr(flood.clone());
+        }
+        peer.hang_up();
+        let err = Session::open(process, Duration::from_secs(5))
+            .await
+            .expect_err("no greeting");
+        let text = err.to_string();
+        assert!(text.contains("more bytes"), "{text}");
+        assert!(text.len() < GREETING_STDERR + 300, "{} bytes", text.len());
+
+        let (process, peer) = fake();
+        let mut frame = (proto::MAX_PAYLOAD as u32).to_le_bytes().to_vec();
+        frame.push(proto::HELLO);
+        peer.send(frame);
+        let err = tokio::time::timeout(
+            Duration::from_secs(5),
+            Session::open(process, Duration::from_secs(60)),
+        )
+        .await
+        .expect("a huge greeting waited for its bytes")
+        .expect_err("a huge greeting");
+        assert!(err.to_string().contains("malformed greeting"), "{err}");
+
+        let (process, peer) = fake();
+        peer.send(frame_u32(proto::STARTED, 1, 1));
+        let err = Session::open(process, Duration::from_secs(60))
+            .await
+            .expect_err("no greeting");
+        assert!(err.to_string().contains("did not greet"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_helper_that_never_greets_fails_at_the_bound() {
+        let (process, _peer) = fake();
+        let start = Instant::now();
+        let err = Session::open(process, Duration::from_secs(8))
+            .await
+            .expect_err("no greeting");
+        assert!(err.to_string().contains("did not greet"), "{err}");
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(8) && took < Duration::from_secs(9),
+            "{took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spawn_unanswered_by_its_deadline_retires_the_session() {
+        let (session, mut peer) = opened().await;
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(3);
+        let spawn = {
+            let session = session.clone();
+            tokio::spawn(async move { session.spawn(&exec(Stdin::Null), Some(deadline)).await })
+        };
+        peer.expect(proto::SPAWN).await;
+        let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(3) && took <= Duration::from_secs(3) + ANSWER_GRACE,
+            "{took:?}"
+        );
+        let why = session.dead().expect("the session is retired");
+        assert!(why.contains("deadline"), "{why}");
+        // The pump times it out (the deadline passed): no output, no end of its own.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), process.output.next())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spawn_never_answered_may_have_run() {
+        let (session, mut peer) = opened().await;
+        let start = Instant::now();
+        let spawn = {
+            let session = session.clone();
+            tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None).await })
+        };
+        peer.expect(proto::SPAWN).await;
+        let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
+        assert!(start.elapsed() <= ANSWER_TIMEOUT, "{:?}", start.elapsed());
+        assert!(first_error(&mut process).await.contains("may have run"));
+        assert!(session.dead().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_helper_lost_after_a_spawn_may_have_run() {
+        let (session, mut peer) = opened().await;
+        let spawn = {
+            let session = session.clone();
+            tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None).await })
+        };
+        peer.expect(proto::SPAWN).await;
+        peer.hang_up();
+        let (_, mut process) = spawn
+            .await
+            .unwrap()
+            .expect("not an error: the command may have run");
+        let why = first_error(&mut process).await;
+        assert!(why.contains("may have run"), "{why}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_helper_that_stops_answering_pings_is_dropped() {
+        let (session, mut peer) = opened().await;
+        let start = Instant::now();
+        // Answered pings keep it.
+        for _ in 0..10 {
+            peer.expect(proto::PING).await;
+            peer.send(Enc::frame(proto::PONG, 0).finish());
+        }
+        assert!(session.dead().is_none());
+        let (_, mut process) = started(&session, &mut peer, Stdin::Null).await;
+        let stopped = Instant::now();
+        let why = first_error(&mut process).await;
+        assert!(why.contains("ping"), "{why}");
+        let took = stopped.elapsed();
+        assert!(took <= PING_INTERVAL + PING_TIMEOUT, "{took:?}");
+        assert!(start.elapsed() > Duration::from_secs(18));
+    }
 }
