@@ -6,15 +6,28 @@
 //! at the destination is replaced, not followed), and a directory is unpacked by the
 //! `tar` crate, which refuses entries that would land outside the destination (`..`,
 //! absolute paths, or a path through a symlink that points out).
+//!
+//! A copy succeeds only when the whole transfer did: a file read out of a run, or an
+//! archive, that ends before its end-of-archive (its success marker) or inside an entry
+//! is an error naming the entry (see `runcell_core::files::TarCheck`). SIGINT or SIGTERM
+//! during a copy cancels it: the temporary file (or staging directory) on the host is
+//! removed, a file half-written in the run through the exec helper is removed by the
+//! helper, then `sandbox` exits 130/143. What was already whole stays: files unpacked
+//! into an existing directory, and, on the plain path, what the engine's extractor wrote
+//! in place (a file cut short there stays cut short). A file copied out lands with the
+//! holes of a sparse file (whole 4 KiB blocks of zeros are not written).
 
+use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use runcell_core::files::ByteStream;
+use runcell_core::files::{ByteStream, checked_tar_stream};
 use runcell_core::{ErrorKind, ExecSpec, Run, RunExt};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::errors::Failure;
 
@@ -69,9 +82,63 @@ async fn is_dir_in_run(run: &dyn Run, path: &str) -> Result<bool, Failure> {
     Ok(out.status.success())
 }
 
+/// How long a cancelled copy may take to unwind (remove its temporary files).
+const UNWIND: Duration = Duration::from_secs(10);
+
+/// Runs `copy` until it ends, or until SIGINT/SIGTERM: then `cancel` fires, the copy
+/// unwinds (removing its temporary files) and the process exits 130/143.
+async fn cancellable<T>(
+    copy: impl Future<Output = Result<T, Failure>>,
+    cancel: CancellationToken,
+) -> Result<T, Failure> {
+    let mut signals = crate::exec::Signals::new()?;
+    tokio::pin!(copy);
+    let code = tokio::select! {
+        done = &mut copy => return done,
+        code = signals.recv() => code,
+    };
+    cancel.cancel();
+    let _ = tokio::time::timeout(UNWIND, copy).await;
+    eprintln!("sandbox: interrupted: the copy was cancelled");
+    std::process::exit(code)
+}
+
+fn interrupted() -> Failure {
+    Failure::usage("interrupted")
+}
+
+/// `stream`, failing (instead of going on) once `cancel` fires.
+fn until_cancelled(stream: ByteStream, cancel: CancellationToken) -> ByteStream {
+    futures::stream::unfold(Some(stream), move |state| {
+        let cancel = cancel.clone();
+        async move {
+            let mut stream = state?;
+            tokio::select! {
+                item = stream.next() => item.map(|i| (i, Some(stream))),
+                _ = cancel.cancelled() => Some((
+                    Err(std::io::Error::new(std::io::ErrorKind::Interrupted, "interrupted")),
+                    None,
+                )),
+            }
+        }
+    })
+    .boxed()
+}
+
 /// Host to run. Like `docker cp`: into `dst` when it is a directory (or ends with `/`),
 /// else as `dst`.
 pub async fn copy_in(run: &dyn Run, src: &Path, dst: &str) -> Result<String, Failure> {
+    let cancel = CancellationToken::new();
+    let copy = copy_in_until(run, src, dst, cancel.clone());
+    cancellable(copy, cancel).await
+}
+
+async fn copy_in_until(
+    run: &dyn Run,
+    src: &Path,
+    dst: &str,
+    cancel: CancellationToken,
+) -> Result<String, Failure> {
     let meta =
         std::fs::metadata(src).map_err(|e| Failure::usage(format!("{}: {e}", src.display())))?;
     let src_name = src
@@ -95,7 +162,11 @@ pub async fn copy_in(run: &dyn Run, src: &Path, dst: &str) -> Result<String, Fai
             use std::os::unix::fs::PermissionsExt;
             meta.permissions().mode() & 0o7777
         };
-        run.put_file_stream(&target, file, meta.len(), mode).await?;
+        // Dropped on cancel: a `PUT` cut short leaves no temporary file in the run.
+        tokio::select! {
+            put = run.put_file_stream(&target, file, meta.len(), mode) => put?,
+            _ = cancel.cancelled() => return Err(interrupted()),
+        }
         Ok(target)
     } else if meta.is_dir() {
         let (dir, root) = if into {
@@ -107,8 +178,10 @@ pub async fn copy_in(run: &dyn Run, src: &Path, dst: &str) -> Result<String, Fai
         };
         let dir = if dir.is_empty() { "/".to_string() } else { dir };
         let target = join(&dir, &root);
-        run.put_archive(&dir, dir_tar_stream(src.to_path_buf(), root))
-            .await?;
+        tokio::select! {
+            put = run.put_archive(&dir, dir_tar_stream(src.to_path_buf(), root)) => put?,
+            _ = cancel.cancelled() => return Err(interrupted()),
+        }
         Ok(target)
     } else {
         Err(Failure::usage(format!(
@@ -172,6 +245,17 @@ impl Write for ChannelWriter {
 
 /// Run to host. Into `dst` when it is a directory, else as `dst`.
 pub async fn copy_out(run: &dyn Run, src: &str, dst: &Path) -> Result<PathBuf, Failure> {
+    let cancel = CancellationToken::new();
+    let copy = copy_out_until(run, src, dst, cancel.clone());
+    cancellable(copy, cancel).await
+}
+
+async fn copy_out_until(
+    run: &dyn Run,
+    src: &str,
+    dst: &Path,
+    cancel: CancellationToken,
+) -> Result<PathBuf, Failure> {
     let name = base_name(src)
         .ok_or_else(|| Failure::usage(format!("{src}: no file name")))?
         .to_string();
@@ -184,7 +268,7 @@ pub async fn copy_out(run: &dyn Run, src: &str, dst: &Path) -> Result<PathBuf, F
     if !src.ends_with('/') {
         match run.get_file_stream(src).await {
             Ok(reader) => {
-                write_file(reader, &target).await?;
+                write_file(reader, &target, &cancel).await?;
                 return Ok(target);
             }
             // A directory (or a symlink, a device...): as an archive below.
@@ -199,6 +283,9 @@ pub async fn copy_out(run: &dyn Run, src: &str, dst: &Path) -> Result<PathBuf, F
         )));
     }
     let archive = run.get_archive(src.trim_end_matches('/')).await?;
+    // Checked (a cut archive fails the copy, naming the entry), and failing on cancel: the
+    // unpacking then stops and removes its staging directory.
+    let archive = until_cancelled(checked_tar_stream(archive), cancel.clone());
     let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(archive));
     let dst = dst.to_path_buf();
     let out = target.clone();
@@ -229,7 +316,9 @@ pub async fn copy_out(run: &dyn Run, src: &str, dst: &Path) -> Result<PathBuf, F
 fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
     let mut archive = tar::Archive::new(reader);
     archive.set_overwrite(true);
-    archive.set_preserve_permissions(true);
+    // Permission bits without setuid, setgid and sticky (`mode & 0o777`): code in the
+    // sandbox may be root, and its files must not gain privileges on the host.
+    archive.set_preserve_permissions(false);
     archive.set_preserve_mtime(true);
     archive.set_unpack_xattrs(false);
     // Each entry through `unpack_in`: it refuses `..`, absolute paths and paths that a
@@ -254,12 +343,19 @@ fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
             Err(e) => return Err(format!("{path}: {e}")),
         }
     }
+    // The reader stops at the first zero block: the rest must end the archive well.
+    std::io::copy(&mut archive.into_inner(), &mut std::io::sink())
+        .map_err(|e| format!("reading the archive: {e}"))?;
     Ok(())
 }
 
 /// Writes a file from the run: into a temporary file beside `target`, then renamed over
 /// it (a symlink at `target` is replaced, never followed).
-async fn write_file(mut reader: runcell_core::FileReader, target: &Path) -> Result<(), Failure> {
+async fn write_file(
+    mut reader: runcell_core::FileReader,
+    target: &Path,
+    cancel: &CancellationToken,
+) -> Result<(), Failure> {
     if target.is_dir() {
         return Err(Failure::usage(format!(
             "{}: is a directory",
@@ -274,12 +370,17 @@ async fn write_file(mut reader: runcell_core::FileReader, target: &Path) -> Resu
         .prefix(".sandbox-cp-")
         .tempfile_in(&parent)
         .map_err(|e| Failure::usage(format!("{}: {e}", parent.display())))?;
-    let mode = reader.mode() & 0o7777;
+    // Without setuid, setgid and sticky bits: the sandbox's files never gain privileges here.
+    let mode = reader.mode() & 0o777;
     let (file, temp_path) = temp.into_parts();
     let mut file = tokio::fs::File::from_std(file);
-    tokio::io::copy(&mut reader, &mut file)
-        .await
-        .map_err(|e| Failure::usage(format!("copying to {}: {e}", target.display())))?;
+    // The reader ends only after the whole file and the archive's end arrived. On an
+    // error or a cancel, `temp_path` is dropped: the temporary file is removed.
+    tokio::select! {
+        copied = copy_sparse(&mut reader, &mut file) => copied
+            .map_err(|e| Failure::usage(format!("copying to {}: {e}", target.display())))?,
+        _ = cancel.cancelled() => return Err(interrupted()),
+    };
     tokio::io::AsyncWriteExt::flush(&mut file)
         .await
         .map_err(|e| Failure::usage(format!("{}: {e}", target.display())))?;
@@ -293,9 +394,72 @@ async fn write_file(mut reader: runcell_core::FileReader, target: &Path) -> Resu
     Ok(())
 }
 
+/// Copies `reader` into the new file `file`, leaving each whole 4 KiB block of zeros
+/// (aligned in the file) unwritten: a sparse file in the run lands sparse again.
+async fn copy_sparse(
+    reader: &mut (impl tokio::io::AsyncRead + Unpin),
+    file: &mut tokio::fs::File,
+) -> std::io::Result<u64> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+    const HOLE: usize = 4096;
+    let mut buf = vec![0u8; CHUNK];
+    let mut pos = 0u64;
+    loop {
+        // A whole buffer (or the rest): blocks stay aligned, as `pos` moves by `CHUNK`.
+        let mut fill = 0;
+        while fill < buf.len() {
+            match reader.read(&mut buf[fill..]).await? {
+                0 => break,
+                n => fill += n,
+            }
+        }
+        let mut start = 0; // Of the data not written yet.
+        for at in (0..fill).step_by(HOLE) {
+            let block = &buf[at..(at + HOLE).min(fill)];
+            if block.len() == HOLE && block.iter().all(|b| *b == 0) {
+                file.write_all(&buf[start..at]).await?;
+                file.seek(std::io::SeekFrom::Current(HOLE as i64)).await?;
+                start = at + HOLE;
+            }
+        }
+        file.write_all(&buf[start..fill]).await?;
+        pos += fill as u64;
+        if fill < buf.len() {
+            // A hole at the end was seeked over, not written.
+            file.flush().await?;
+            file.set_len(pos).await?;
+            return Ok(pos);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn files_from_the_run_land_with_their_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut data = vec![0u8; 3 * CHUNK + 5000];
+        data[..5].copy_from_slice(b"start");
+        data[CHUNK + 10..CHUNK + 13].copy_from_slice(b"mid");
+        let path = dir.path().join("f");
+        let mut file = tokio::fs::File::create(&path).await.unwrap();
+        let n = copy_sparse(&mut &data[..], &mut file).await.unwrap();
+        drop(file);
+        assert_eq!(n, data.len() as u64);
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        use std::os::unix::fs::MetadataExt;
+        let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(allocated <= 16 << 10, "{allocated} bytes allocated");
+        // Data to the end, and nothing at all.
+        for data in [vec![1u8; CHUNK + 1], Vec::new()] {
+            let mut file = tokio::fs::File::create(&path).await.unwrap();
+            copy_sparse(&mut &data[..], &mut file).await.unwrap();
+            drop(file);
+            assert_eq!(std::fs::read(&path).unwrap(), data);
+        }
+    }
 
     #[test]
     fn places() {

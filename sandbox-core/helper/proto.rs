@@ -38,16 +38,19 @@
 //!   more is a protocol error and the host drops the connection.
 //!
 //! # Kill
-//! The helper is a child subreaper (`PR_SET_CHILD_SUBREAPER`) and spawns each exec's root
-//! in its own process group with `SANDBOX_EXEC_ID` in its environment. It keeps, for each
-//! live exec, every process it ever saw descend from it (re-read from `/proc` parent
-//! links at each `KILL` and every [`TRACK_INTERVAL_MS`] while execs run), so a process
-//! that called `setsid`, cleared its environment and whose parent exited is still known.
-//! A kill collects: the root, the tracked processes, every process with the exec's
-//! `SANDBOX_EXEC_ID`, every member of their process groups and sessions (never the
-//! helper's own, never PID 1's), and all their descendants; SIGSTOPs them, collects
-//! again, sends SIGTERM and SIGCONT, and SIGKILL to whatever is left after
-//! [`KILL_GRACE_MS`].
+//! Every exec runs under a shepherd of its own (the helper's executable run again, in a
+//! shepherd mode): a child subreaper that leads a session of its own, starts the command
+//! (in its own process group, with `SANDBOX_EXEC_ID` in its environment), reports its
+//! real wait status to the helper, reaps every orphan of the exec, and stays while any
+//! of the exec's processes lives. An exec's processes are exactly its shepherd's
+//! descendants: a process cannot leave that tree (an orphan is re-parented to its
+//! nearest subreaper, the shepherd), and no process of another exec can enter it or,
+//! being in another session, join one of its process groups. A `KILL` has the shepherd
+//! walk `/proc` parent links from its own pid, SIGSTOP everything found and walk again
+//! until nothing new appears, send SIGTERM and SIGCONT, and SIGKILL (stopping first)
+//! whatever is left after [`KILL_GRACE_MS`], until none is; each signal goes through a
+//! pidfd checked against the start time the walk saw. `KILLED` is sent once the shepherd
+//! exited (nothing of the exec is left), or after a bound. A kill needs no new process.
 //!
 //! # Files (no `tar` needed in the image)
 //! - host `PUT` (path: absolute, of the directory to write into) then `ENTRY` frames
@@ -57,11 +60,22 @@
 //!   runs as root), replaces a regular file or symlink by a file, and never replaces a
 //!   directory by a non-directory or the reverse. It answers `DONE` or `FILE_ERROR`
 //!   ([`FileError`] kind u8, the relative path, message) for the first failure, after which
-//!   it discards the operation's remaining frames.
+//!   it discards the operation's remaining frames. A file is written under a temporary
+//!   name beside its destination and renamed over it once whole; a `PUT` that ends (by
+//!   `STDIN_EOF` or the end of the connection) inside a file removes that temporary file.
+//!   Whole [`HOLE_BLOCK`]-aligned blocks of zeros are not written but left as holes, so a
+//!   sparse file is sparse again after it crossed (as its full size: the wire has no holes).
 //! - host `GET` (path: absolute) → helper `ENTRY` frames for the path itself (its base name)
 //!   and, for a directory, everything below it, depth first, each regular file followed by
 //!   exactly `size` bytes of `STDOUT` frames, then `DONE`; or `FILE_ERROR`. `ENTRY` and
 //!   `STDOUT` payload bytes both count against the id's credit (the exec rule).
+//! - `DONE` is each operation's success marker: the host treats an operation as done only
+//!   when it came. A `GET` that cannot send something whole ends with `FILE_ERROR` naming
+//!   it, never with `DONE`: a file it cannot open or read, a directory it cannot list, a
+//!   file that shrank while it was read (the data already sent is then short), a path
+//!   asked for that is a fifo, socket or device. Below a directory, fifos, sockets and
+//!   devices have no entry type and are skipped, as are entries removed before they were
+//!   read; a file that grew is sent as long as it was when its `ENTRY` was sent.
 //!
 //! # Connection
 //! - helper `HELLO` (id 0) first: [`Hello`].
@@ -69,7 +83,9 @@
 //! - When its stdin ends or breaks, the helper kills the process tree of every exec whose
 //!   `EXIT` it has not sent (at once, SIGKILL) and exits: a broken stream never leaves a
 //!   running command behind. Background processes of execs that already ended are left
-//!   alone, as after a plain exec.
+//!   alone, as after a plain exec (their shepherds stay while they live). A helper that
+//!   dies without exiting (killed) leaves the same result: a shepherd whose channel ends
+//!   before its command's status went out kills the exec's processes at once.
 //! - The helper never blocks reading stdin on a write to stdout (one writer thread with a
 //!   queue; what it queues is bounded by the credits and windows above): on Kubernetes
 //!   one task carries both directions, and a helper that stopped reading could deadlock it.
@@ -85,10 +101,10 @@ pub const MAX_PAYLOAD: usize = 4 << 20;
 pub const CHUNK: usize = 64 * 1024;
 /// Output bytes (stdout + stderr) of one exec the helper may send before any `CREDIT`.
 pub const INITIAL_CREDIT: u32 = 1024 * 1024;
+/// A `PUT` leaves each whole block of zeros this large, aligned in the file, as a hole.
+pub const HOLE_BLOCK: u64 = 4096;
 /// Unacknowledged stdin bytes of one exec the host may have in flight.
 pub const STDIN_WINDOW: u32 = 1024 * 1024;
-/// How often the helper re-reads `/proc` to track the processes of live execs.
-pub const TRACK_INTERVAL_MS: u64 = 100;
 /// Time between SIGTERM and SIGKILL in a kill.
 pub const KILL_GRACE_MS: u64 = 1000;
 

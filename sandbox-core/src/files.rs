@@ -5,6 +5,23 @@
 //! [`ByteStream`]s, so a file of any size crosses with a few chunks in memory. The
 //! single-file helpers frame one file as a tar stream (header, contents, padding) without
 //! buffering it, and read one file back out of an archive stream the same way.
+//!
+//! # A transfer that fails partway is an error
+//! Every transfer ends with a success marker its receiver checks, so a short or cut
+//! transfer is always an error naming the entry, never a smaller archive or a shorter
+//! file: through the exec helper, its `DONE` (and the archive handed out gets its
+//! end-of-archive only after it); on the plain path, the tar end-of-archive after whole
+//! entries, which [`checked_tar_stream`] requires of the engine's stream (Docker and
+//! Podman's archive API, and `tar` through exec, whose exit status counts too). The
+//! readers here ([`FileReader`], [`unpack_into`]) read an archive to its very end before
+//! they succeed. A file the sender cannot read (permissions, a read error, a file that
+//! shrank while it was read) fails the transfer naming it; entries removed before they
+//! were read, and fifos, sockets and devices below a directory, are not in the archive.
+//!
+//! Sparse files: archives carry no holes, so a sparse file crosses as its full size
+//! (no cap: its apparent size is what moves). Where runcell writes the file itself, the
+//! exec helper's upload, whole 4 KiB blocks of zeros are left as holes again; the
+//! engines' extractors (the plain path) and the host-side unpacking write them out.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -155,15 +172,22 @@ pub fn tar_dir(dir: &std::path::Path) -> Result<Vec<u8>> {
 /// Unpacks a tar stream into host directory `dir`, dropping the first `strip` path
 /// components of each entry: only regular files and directories, and only inside `dir`
 /// (the archive comes from the sandbox and may hold links meant to write elsewhere on
-/// the host). Streams: memory stays bounded whatever the size.
+/// the host). An entry whose way passes a symbolic link on the host (one the host
+/// workspace had, pointing anywhere) is skipped, and permission bits are kept without
+/// setuid, setgid and sticky bits, owners and extended attributes: what comes back
+/// never gains privileges on the host. Streams: memory stays bounded whatever the size.
 pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -> Result<()> {
-    let reader = tokio_util::io::SyncIoBridge::new(StreamReader::new(tar));
+    let reader = tokio_util::io::SyncIoBridge::new(StreamReader::new(checked_tar_stream(tar)));
     let dir = dir.to_path_buf();
     let bad = |e: std::io::Error| {
         Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
     };
     tokio::task::spawn_blocking(move || {
         let mut archive = tar::Archive::new(reader);
+        // The defaults, said out loud: mode & 0o777 only, the caller's owner, no xattrs.
+        archive.set_preserve_permissions(false);
+        archive.set_preserve_ownerships(false);
+        archive.set_unpack_xattrs(false);
         for entry in archive.entries().map_err(bad)? {
             let mut entry = entry.map_err(bad)?;
             let path = entry.path().map_err(bad)?.into_owned();
@@ -185,6 +209,11 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
                     {
                         continue;
                     }
+                    let is_dir = entry.header().entry_type() == tar::EntryType::Directory;
+                    if through_host_link(&dir, &rest, is_dir) {
+                        tracing::debug!(path = %rest.display(), "unpacking skips an entry behind a host symlink");
+                        continue;
+                    }
                     if let Some(parent) = target.parent() {
                         std::fs::create_dir_all(parent).map_err(bad)?;
                     }
@@ -193,10 +222,30 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
                 other => tracing::debug!(?other, "unpacking skips a non-regular entry"),
             }
         }
+        // The reader stops at the first zero block: the rest must end the archive well.
+        std::io::copy(&mut archive.into_inner(), &mut std::io::sink()).map_err(bad)?;
         Ok(())
     })
     .await
     .map_err(|e| Error::new(ErrorKind::Backend, "unpacking panicked").with_source(e))?
+}
+
+/// Whether the way to `dir/rest` passes a symbolic link that exists on the host: any
+/// parent, and `rest` itself for a directory (a regular file replaces a link at its own
+/// place rather than writing through it).
+fn through_host_link(dir: &std::path::Path, rest: &std::path::Path, is_dir: bool) -> bool {
+    let mut at = dir.to_path_buf();
+    let n = rest.components().count();
+    for (i, c) in rest.components().enumerate() {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => return i + 1 < n || is_dir,
+            Ok(_) => {}
+            // Missing from here on: made below as real directories.
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 /// A tar stream of one regular file `name` with `len` bytes read from `contents`, framed
@@ -259,10 +308,58 @@ fn exact_stream(reader: impl AsyncRead + Send + Unpin + 'static, len: u64) -> By
 }
 
 /// One regular file read out of a tar stream: its size and a reader of exactly its bytes.
+/// The reader fails, naming the file, when the archive ends before them, and ends only
+/// once the rest of the archive arrived whole (its end-of-archive: the transfer's success
+/// marker), so a cut transfer is never a shorter file.
 pub struct FileReader {
     size: u64,
     mode: u32,
     reader: Pin<Box<dyn AsyncRead + Send>>,
+}
+
+/// Exactly `left` bytes of `inner`, then the rest of `inner` read and dropped.
+struct ExactBody<R> {
+    inner: R,
+    left: u64,
+    drained: bool,
+    path: String,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for ExactBody<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.left > 0 {
+            let want = (buf.remaining() as u64).min(this.left) as usize;
+            let mut part = ReadBuf::new(buf.initialize_unfilled_to(want));
+            std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut part))?;
+            let n = part.filled().len();
+            if n == 0 {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the archive was cut inside {}: {} bytes missing",
+                        this.path, this.left
+                    ),
+                )));
+            }
+            buf.advance(n);
+            this.left -= n as u64;
+            return Poll::Ready(Ok(()));
+        }
+        while !this.drained {
+            let mut scratch = [0u8; 4096];
+            let mut rest = ReadBuf::new(&mut scratch);
+            std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut rest))?;
+            if rest.filled().is_empty() {
+                this.drained = true;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
 }
 
 impl FileReader {
@@ -326,7 +423,7 @@ fn unreadable(path: &str, e: std::io::Error) -> Error {
 /// naming `path`; an empty archive is [`ErrorKind::NotFound`]. Only headers are held in
 /// memory; the contents are read as the caller reads.
 pub async fn file_from_tar_stream(tar: ByteStream, path: &str) -> Result<FileReader> {
-    let mut reader = StreamReader::new(tar);
+    let mut reader = StreamReader::new(checked_tar_stream(tar));
     let mut block = [0u8; BLOCK];
     loop {
         match reader.read_exact(&mut block).await {
@@ -339,6 +436,11 @@ pub async fn file_from_tar_stream(tar: ByteStream, path: &str) -> Result<FileRea
             Err(e) => return Err(unreadable(path, e)),
         }
         if block.iter().all(|b| *b == 0) {
+            // An empty archive, unless the rest of the stream says why it is empty (tar
+            // in the run that could not read the file writes an empty archive, then fails).
+            tokio::io::copy(&mut reader, &mut tokio::io::sink())
+                .await
+                .map_err(|e| unreadable(path, e))?;
             return Err(Error::new(ErrorKind::NotFound, "no such file in the run")
                 .with_field("path")
                 .with("path", path));
@@ -348,7 +450,12 @@ pub async fn file_from_tar_stream(tar: ByteStream, path: &str) -> Result<FileRea
         let mode = header.mode().unwrap_or(0o644);
         match header.entry_type() {
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let body = reader.take(size);
+                let body = ExactBody {
+                    inner: reader,
+                    left: size,
+                    drained: false,
+                    path: path.to_string(),
+                };
                 return Ok(FileReader {
                     size,
                     mode,
@@ -386,6 +493,297 @@ pub async fn file_from_tar_stream(tar: ByteStream, path: &str) -> Result<FileRea
             }
         }
     }
+}
+
+// ---- checking a tar stream as it passes -------------------------------------------------
+
+/// Follows a tar stream block by block as it passes, so that a short or cut transfer is
+/// an error naming the entry it cut, never an archive that merely looks smaller. The
+/// engines' archive streams (and `tar` through exec) carry no success marker of their
+/// own: the tar format's end-of-archive (two zero blocks) after whole entries is the
+/// marker, and [`TarCheck::finish`] requires it.
+///
+/// Checked: every header's checksum; every entry's data (its header's size, or a PAX
+/// `size`) and padding fully present; GNU long names, PAX headers and GNU sparse
+/// extension blocks followed; no lone zero block before more entries (readers such as
+/// the `tar` crate stop at the first zero block, silently dropping what follows); the
+/// stream not ending before the two zero blocks. Bytes after the end-of-archive (record
+/// padding) are not looked at.
+#[derive(Debug, Default)]
+pub struct TarCheck {
+    /// A header block being assembled.
+    block: Vec<u8>,
+    state: CheckState,
+    /// The current (or last) entry's name, for messages.
+    entry: String,
+    /// Zero blocks in a row.
+    zeros: u8,
+    /// A GNU long name or PAX `path` for the next entry.
+    next_name: Option<String>,
+    /// A PAX `size` for the next entry.
+    next_size: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+enum CheckState {
+    #[default]
+    Header,
+    /// An entry's data: `left` bytes of it, then `pad` bytes of padding.
+    Data {
+        size: u64,
+        left: u64,
+        pad: u64,
+        /// Kept for a metadata entry (long name, PAX header), up to [`META_LIMIT`].
+        meta: Option<(u8, Vec<u8>)>,
+    },
+    /// GNU sparse extension blocks before the data.
+    SparseExt { size: u64 },
+    /// After the end-of-archive.
+    End,
+}
+
+/// The most of a metadata entry (GNU long name, PAX header) kept to read names from.
+const META_LIMIT: usize = 1 << 20;
+
+fn check_error(message: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, message)
+}
+
+impl TarCheck {
+    /// A check at the start of a stream.
+    pub fn new() -> TarCheck {
+        TarCheck::default()
+    }
+
+    /// The name of the entry being read (or the last one), empty before the first.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// Whether the end-of-archive was seen.
+    pub fn ended(&self) -> bool {
+        matches!(self.state, CheckState::End)
+    }
+
+    fn after(&self) -> String {
+        if self.entry.is_empty() {
+            "before its first entry".to_string()
+        } else {
+            format!("after {}", self.entry)
+        }
+    }
+
+    /// Follows the next bytes of the stream.
+    pub fn feed(&mut self, mut data: &[u8]) -> std::io::Result<()> {
+        while !data.is_empty() {
+            match &mut self.state {
+                CheckState::End => return Ok(()),
+                CheckState::Data {
+                    left, pad, meta, ..
+                } => {
+                    let n = (data.len() as u64).min(*left + *pad) as usize;
+                    let body = (n as u64).min(*left) as usize;
+                    if let Some((_, buf)) = meta.as_mut() {
+                        let keep = body.min(META_LIMIT.saturating_sub(buf.len()));
+                        buf.extend_from_slice(&data[..keep]);
+                    }
+                    *left -= body as u64;
+                    *pad -= (n - body) as u64;
+                    data = &data[n..];
+                    if *left == 0 && *pad == 0 {
+                        let state = std::mem::take(&mut self.state);
+                        if let CheckState::Data {
+                            meta: Some((kind, buf)),
+                            ..
+                        } = state
+                        {
+                            self.metadata(kind, &buf);
+                        }
+                    }
+                }
+                CheckState::Header | CheckState::SparseExt { .. } => {
+                    let n = (BLOCK - self.block.len()).min(data.len());
+                    self.block.extend_from_slice(&data[..n]);
+                    data = &data[n..];
+                    if self.block.len() == BLOCK {
+                        let block = std::mem::take(&mut self.block);
+                        self.block_done(&block)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A whole header (or sparse extension) block.
+    fn block_done(&mut self, block: &[u8]) -> std::io::Result<()> {
+        if let CheckState::SparseExt { size } = self.state {
+            // `isextended` of a GNU sparse extension block.
+            if block[504] == 0 {
+                self.state = data_state(size, None);
+            }
+            return Ok(());
+        }
+        if block.iter().all(|b| *b == 0) {
+            self.zeros += 1;
+            if self.zeros == 2 {
+                self.state = CheckState::End;
+            }
+            return Ok(());
+        }
+        if self.zeros > 0 {
+            return Err(check_error(format!(
+                "a lone zero block in the archive {}: what follows would be dropped",
+                self.after()
+            )));
+        }
+        let header = tar::Header::from_byte_slice(block);
+        let sum: u32 = block
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    u32::from(*b)
+                }
+            })
+            .sum();
+        if header.cksum().ok() != Some(sum) {
+            return Err(check_error(format!(
+                "not a tar header (bad checksum) {}",
+                self.after()
+            )));
+        }
+        let size = match self.next_size.take() {
+            Some(s) => s,
+            None => header
+                .entry_size()
+                .map_err(|e| check_error(format!("a bad entry size {}: {e}", self.after())))?,
+        };
+        let kind = header.entry_type();
+        let meta = matches!(
+            kind,
+            tar::EntryType::GNULongName
+                | tar::EntryType::GNULongLink
+                | tar::EntryType::XHeader
+                | tar::EntryType::XGlobalHeader
+        );
+        if meta {
+            self.next_size = None;
+            self.state = data_state(size, Some((kind.as_byte(), Vec::new())));
+            return Ok(());
+        }
+        self.entry = match self.next_name.take() {
+            Some(name) => name,
+            None => String::from_utf8_lossy(&header.path_bytes()).into_owned(),
+        };
+        // GNU sparse: `isextended` at 482 of the old GNU header.
+        self.state = if kind == tar::EntryType::GNUSparse && block[482] != 0 {
+            CheckState::SparseExt { size }
+        } else {
+            data_state(size, None)
+        };
+        Ok(())
+    }
+
+    /// A long name or a PAX header, for the next entry.
+    fn metadata(&mut self, kind: u8, buf: &[u8]) {
+        match kind {
+            b'L' => {
+                let name = buf.split(|b| *b == 0).next().unwrap_or_default();
+                self.next_name = Some(String::from_utf8_lossy(name).into_owned());
+            }
+            b'x' => {
+                // Records: "<len> <key>=<value>\n".
+                let mut rest = buf;
+                while let Some(sp) = rest.iter().position(|b| *b == b' ') {
+                    let Some(len) = std::str::from_utf8(&rest[..sp])
+                        .ok()
+                        .and_then(|l| l.parse::<usize>().ok())
+                        .filter(|l| *l > sp && *l <= rest.len())
+                    else {
+                        break;
+                    };
+                    let record = &rest[sp + 1..len];
+                    let record = record.strip_suffix(b"\n").unwrap_or(record);
+                    if let Some(eq) = record.iter().position(|b| *b == b'=') {
+                        let (key, value) = (&record[..eq], &record[eq + 1..]);
+                        match key {
+                            b"path" => {
+                                self.next_name = Some(String::from_utf8_lossy(value).into_owned())
+                            }
+                            b"size" => {
+                                self.next_size =
+                                    std::str::from_utf8(value).ok().and_then(|v| v.parse().ok())
+                            }
+                            _ => {}
+                        }
+                    }
+                    rest = &rest[len..];
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The stream ended: `Ok` only after the end-of-archive.
+    pub fn finish(&self) -> std::io::Result<()> {
+        match &self.state {
+            CheckState::End => Ok(()),
+            CheckState::Data { size, left, .. } if *left > 0 => Err(check_error(format!(
+                "the archive was cut inside {}: {} of its {size} bytes arrived",
+                self.entry,
+                size - left
+            ))),
+            _ => Err(check_error(format!(
+                "the archive was cut {}: its end-of-archive marker never came",
+                self.after()
+            ))),
+        }
+    }
+}
+
+fn data_state(size: u64, meta: Option<(u8, Vec<u8>)>) -> CheckState {
+    if size == 0 {
+        // Nothing follows the header; a metadata entry without data names nothing.
+        return CheckState::Header;
+    }
+    CheckState::Data {
+        size,
+        left: size,
+        pad: (BLOCK as u64 - size % BLOCK as u64) % BLOCK as u64,
+        meta,
+    }
+}
+
+/// `tar` passed through a [`TarCheck`]: the same bytes, but a stream that ends before its
+/// end-of-archive, inside an entry, or with a malformed header fails with an error naming
+/// the entry, instead of ending. An error of `tar` itself is passed on with the entry it
+/// interrupted.
+pub fn checked_tar_stream(tar: ByteStream) -> ByteStream {
+    stream::unfold(Some((tar, TarCheck::new())), |state| async move {
+        let (mut tar, mut check) = state?;
+        match tar.next().await {
+            Some(Ok(chunk)) => match check.feed(&chunk) {
+                Ok(()) => Some((Ok(chunk), Some((tar, check)))),
+                Err(e) => Some((Err(e), None)),
+            },
+            Some(Err(e)) => {
+                let e = if check.entry().is_empty()
+                    || check.ended()
+                    || e.to_string().contains(check.entry())
+                {
+                    e
+                } else {
+                    std::io::Error::new(e.kind(), format!("{e} (while reading {})", check.entry()))
+                };
+                Some((Err(e), None))
+            }
+            None => check.finish().err().map(|e| (Err(e), None)),
+        }
+    })
+    .boxed()
 }
 
 #[cfg(test)]
@@ -436,6 +834,54 @@ mod tests {
         assert_eq!(back, b"long");
     }
 
+    /// What the sandbox sends back never gains privileges on the host nor writes through
+    /// a host symlink.
+    #[tokio::test]
+    async fn unpacking_drops_privileged_bits_and_never_follows_host_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!(
+            "runcell-unpack-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let (host, outside) = (base.join("host"), base.join("outside"));
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(&outside, host.join("link")).unwrap();
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, kind: tar::EntryType, mode: u32, data: &[u8]| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(mode);
+            header.set_size(data.len() as u64);
+            builder.append_data(&mut header, path, data).unwrap();
+        };
+        add("suid", tar::EntryType::Regular, 0o4755, b"x");
+        add("sgid-dir/", tar::EntryType::Directory, 0o2777, b"");
+        add("link/", tar::EntryType::Directory, 0o777, b"");
+        add("link/planted", tar::EntryType::Regular, 0o644, b"x");
+        add("dev", tar::EntryType::Char, 0o666, b"");
+        let tar = builder.into_inner().unwrap();
+        unpack_into(byte_stream(tar), &host, 0).await.unwrap();
+        let mode = |p: &str| {
+            std::fs::symlink_metadata(host.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("suid"), 0o755);
+        assert_eq!(mode("sgid-dir"), 0o777);
+        assert!(!outside.join("planted").exists());
+        assert_eq!(
+            std::fs::metadata(&outside).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert!(!host.join("dev").exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
     #[tokio::test]
     async fn a_reader_of_the_wrong_length_fails_the_stream() {
         for (data, len) in [(vec![1u8; 10], 11u64), (vec![1u8; 10], 9)] {
@@ -461,10 +907,16 @@ mod tests {
             (e.kind(), e.field()),
             (ErrorKind::InvalidSpec, Some("path"))
         );
-        let e = file_from_tar_stream(byte_stream(Bytes::new()), "/x")
+        // An archive of nothing but its end is "no such file"; no archive at all is a
+        // cut transfer.
+        let e = file_from_tar_stream(byte_stream(vec![0u8; 2 * BLOCK]), "/x")
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound);
+        let e = file_from_tar_stream(byte_stream(Bytes::new()), "/x")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Backend, "{e}");
         let big = file_from_tar_stream(
             byte_stream(
                 collect_bytes(
@@ -480,5 +932,168 @@ mod tests {
         .unwrap();
         let e = big.read_all(10, "/f").await.unwrap_err();
         assert_eq!(e.field(), Some("path"));
+    }
+    /// A tar archive of `files` (name, size) as the `tar` crate writes it.
+    fn archive(files: &[(&str, usize)]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, size) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(*size as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, name, &vec![7u8; *size][..])
+                .unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn check_all(data: &[u8], step: usize) -> std::io::Result<()> {
+        let mut check = TarCheck::new();
+        for chunk in data.chunks(step.max(1)) {
+            check.feed(chunk)?;
+        }
+        check.finish()
+    }
+
+    #[test]
+    fn the_check_passes_whole_archives_in_any_chunking() {
+        let long = format!("dir/{}", "n".repeat(300));
+        let whole = archive(&[("dir/a", 0), ("dir/b", 1), (&long, 70_000), ("dir/c", 512)]);
+        for step in [1, 7, 511, 512, 513, 65536, whole.len()] {
+            check_all(&whole, step).unwrap_or_else(|e| panic!("step {step}: {e}"));
+        }
+        // Record padding after the end is fine.
+        let mut padded = whole.clone();
+        padded.extend_from_slice(&[0u8; 8192]);
+        check_all(&padded, 4096).unwrap();
+        // One regular file framed by `file_tar_stream`'s way (GNU long name included).
+        let mut check = TarCheck::new();
+        check.feed(&archive(&[(&long, 3)])).unwrap();
+        assert!(check.ended());
+        assert_eq!(check.entry(), long);
+    }
+
+    #[test]
+    fn the_check_names_the_entry_a_cut_archive_ends_in() {
+        let whole = archive(&[("dir/a", 100), ("dir/big", 5000), ("dir/c", 10)]);
+        // Cut inside dir/big's data: named, with how much arrived.
+        let cut = 512 + 512 + 512 + 1000;
+        let e = check_all(&whole[..cut], 333).unwrap_err();
+        assert!(e.to_string().contains("dir/big"), "{e}");
+        assert!(e.to_string().contains("1000 of its 5000 bytes"), "{e}");
+        // Cut at an entry boundary (what a reader that stops at EOF takes for the end).
+        let boundary = 512 + 512;
+        let e = check_all(&whole[..boundary], 512).unwrap_err();
+        assert!(e.to_string().contains("after dir/a"), "{e}");
+        // Cut after one of the two end blocks, inside a header, and before anything.
+        for n in [whole.len() - 512 - (whole.len() % 512), 512 + 512 + 100, 0] {
+            assert!(check_all(&whole[..n], 512).is_err(), "cut at {n}");
+        }
+        // What a builder dropped on error writes: the end right after a cut entry.
+        let mut dropped = whole[..512 + 512 + 512 + 1000].to_vec();
+        dropped.extend_from_slice(&[0u8; 1024]);
+        let e = check_all(&dropped, 512).unwrap_err();
+        assert!(e.to_string().contains("dir/big"), "{e}");
+    }
+
+    #[test]
+    fn the_check_refuses_a_lone_zero_block_and_a_bad_header() {
+        let a = archive(&[("a", 10)]);
+        let b = archive(&[("b", 10)]);
+        // "a", one zero block, then "b": a reader stopping at the zero block drops "b".
+        let mut lone = a[..1024].to_vec();
+        lone.extend_from_slice(&[0u8; 512]);
+        lone.extend_from_slice(&b);
+        let e = check_all(&lone, 512).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("lone zero block in the archive after a"),
+            "{e}"
+        );
+        let mut bad = a.clone();
+        bad[0] ^= 1;
+        let e = check_all(&bad, 512).unwrap_err();
+        assert!(e.to_string().contains("checksum"), "{e}");
+    }
+
+    #[test]
+    fn the_check_follows_pax_sizes_and_names() {
+        // A PAX header naming the entry and giving its size (as Go's writer does).
+        let mut builder = tar::Builder::new(Vec::new());
+        builder
+            .append_pax_extensions([("path", &b"pax/name"[..]), ("size", &b"600"[..])])
+            .unwrap();
+        let mut header = tar::Header::new_ustar();
+        header.set_size(600);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, "short", &[1u8; 600][..])
+            .unwrap();
+        let whole = builder.into_inner().unwrap();
+        check_all(&whole, 100).unwrap();
+        let e = check_all(&whole[..whole.len() - 1024 - 512], 100).unwrap_err();
+        assert!(e.to_string().contains("pax/name"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn checked_streams_fail_where_the_transfer_was_cut() {
+        let whole = archive(&[("d/a", 10), ("d/b", 70_000)]);
+        let ok = checked_tar_stream(byte_stream(whole.clone()));
+        assert_eq!(collect_bytes(ok, u64::MAX).await.unwrap(), whole);
+        let cut = checked_tar_stream(byte_stream(whole[..3000].to_vec()));
+        let e = collect_bytes(cut, u64::MAX).await.unwrap_err();
+        assert!(e.to_string().contains("d/b"), "{e}");
+        // An error of the source names the entry it interrupted.
+        let broken = stream::iter(vec![
+            Ok(Bytes::from(whole[..3000].to_vec())),
+            Err(std::io::Error::other("connection reset")),
+        ])
+        .boxed();
+        let e = collect_bytes(checked_tar_stream(broken), u64::MAX)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("connection reset"), "{e}");
+        assert!(e.to_string().contains("d/b"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_file_read_from_a_cut_archive_fails_naming_it() {
+        let whole = collect_bytes(
+            file_tar_stream("f", std::io::Cursor::new(vec![5u8; 10_000]), 10_000, 0o644).unwrap(),
+            u64::MAX,
+        )
+        .await
+        .unwrap();
+        // Cut inside the data, or after all of it but before the end-of-archive: either
+        // way the read fails, never a short or "complete" file.
+        for n in [512 + 4000, whole.len() - 1024] {
+            let reader = file_from_tar_stream(byte_stream(whole[..n].to_vec()), "/w/f")
+                .await
+                .unwrap();
+            let e = reader.read_all(u64::MAX, "/w/f").await.unwrap_err();
+            assert!(e.to_string().contains("/w/f"), "cut at {n}: {e}");
+        }
+        let reader = file_from_tar_stream(byte_stream(whole.clone()), "/w/f")
+            .await
+            .unwrap();
+        assert_eq!(
+            reader.read_all(u64::MAX, "/w/f").await.unwrap(),
+            vec![5u8; 10_000]
+        );
+    }
+
+    #[tokio::test]
+    async fn unpacking_a_cut_archive_fails() {
+        let whole = archive(&[("d/a", 10), ("d/b", 5000)]);
+        let dir = std::env::temp_dir().join(format!("runcell-unpack-{}", std::process::id()));
+        let e = unpack_into(byte_stream(whole[..512 * 3].to_vec()), &dir, 0)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("d/b"), "{e}");
+        unpack_into(byte_stream(whole), &dir, 0).await.unwrap();
+        assert_eq!(std::fs::read(dir.join("d/b")).unwrap().len(), 5000);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -25,11 +25,17 @@ impl K8sDriver {
     /// Extracts `tar` into the directory `dir` of the pod.
     pub(crate) async fn put_tar_by_exec(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
         let spec = ExecSpec::new(["tar", "-x", "-f", "-", "-C", dir]).working_dir("/");
+        // Core checks the source: a cut one fails, naming the entry, before tar sees a
+        // whole (smaller) archive.
         let out = if self.framed_stdin {
             // Without stdin EOF (v4 exec) the length must be known up front: buffer.
             let tar = files::collect_bytes(tar, FRAMED_ARCHIVE_LIMIT)
                 .await
                 .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::InvalidData {
+                        return Error::new(ErrorKind::Backend, "the archive to upload failed")
+                            .with_source(e);
+                    }
                     Error::new(
                         ErrorKind::Unsupported,
                         "archives on the v4 exec path are buffered and limited",
@@ -56,10 +62,8 @@ impl K8sDriver {
             };
             // A failed feed drops stdin: tar reads a short archive and fails, so this ends.
             let (fed, out) = tokio::join!(feed, stream.collect(TAR_MESSAGES_LIMIT));
-            if !out.status.success() {
-                return Err(tar_error(&out, dir, id));
-            }
-            fed?;
+            // A cut source first: tar's complaint about it says less.
+            fed.map_err(|e| e.with("run", id).with("dir", dir))?;
             out
         };
         if out.status.success() {
@@ -112,17 +116,28 @@ impl K8sDriver {
             };
             return Err(tar_error(&out, path, id));
         };
-        let rest = futures::stream::unfold(Some(stream), |state| async move {
-            let mut stream = state?;
+        // tar's exit status is the transfer's success marker: a file it could not read
+        // (or that changed while it read it) fails it, with tar's messages naming the file,
+        // even when the archive it wrote looks whole.
+        let rest = futures::stream::unfold(Some((stream, stderr)), |state| async move {
+            let (mut stream, mut stderr) = state?;
             loop {
                 match stream.next_chunk().await {
-                    Some(OutputChunk::Stdout(b)) => return Some((Ok(b), Some(stream))),
-                    Some(OutputChunk::Stderr(_)) => continue,
+                    Some(OutputChunk::Stdout(b)) => return Some((Ok(b), Some((stream, stderr)))),
+                    Some(OutputChunk::Stderr(b)) => {
+                        if stderr.len() < TAR_MESSAGES_LIMIT {
+                            stderr.extend_from_slice(&b);
+                        }
+                    }
                     None => {
                         let status = stream.wait().await;
                         return (!status.success()).then(|| {
+                            let messages = String::from_utf8_lossy(&stderr);
                             (
-                                Err(std::io::Error::other(format!("tar in the pod {status}"))),
+                                Err(std::io::Error::other(format!(
+                                    "tar in the pod {status}: {}",
+                                    messages.trim()
+                                ))),
                                 None,
                             )
                         });
@@ -130,6 +145,7 @@ impl K8sDriver {
                 }
             }
         });
+        // Core checks that the archive itself ends whole.
         Ok(futures::stream::once(async move { Ok(first) })
             .chain(rest)
             .boxed())

@@ -63,7 +63,9 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
     let _close = CloseOnDrop(window.clone());
     let sender = {
         let (session, window) = (session.clone(), window.clone());
-        let reader = SyncIoBridge::new(StreamReader::new(tar));
+        // Checked: a source that ends before its end-of-archive (or inside an entry) is an
+        // error, not a smaller upload.
+        let reader = SyncIoBridge::new(StreamReader::new(crate::files::checked_tar_stream(tar)));
         let handle = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let sent = send_entries(&session, id, &window, reader, &handle);
@@ -79,6 +81,12 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
             event = events.next() => {
                 window.close();
                 return match event {
+                    // `DONE` answers the `STDIN_EOF` the sender sends however it ended: the
+                    // upload succeeded only if the sender did (it has finished or is about to).
+                    Some(Event::Done) if !sent => match (&mut sender).await {
+                        Ok(r) => r,
+                        Err(e) => Err(Error::new(ErrorKind::Backend, format!("the upload task failed: {e}"))),
+                    },
                     Some(Event::Done) => Ok(()),
                     Some(Event::FileFailed(k, path, msg)) => Err(file_error(k, &path, &msg, "put")),
                     Some(Event::Lost(why)) => Err(lost(why)),
@@ -189,6 +197,9 @@ fn send_entries(
             left -= n as u64;
         }
     }
+    // The reader stops at the first zero block: the rest must end the archive well (the
+    // check fails the read otherwise).
+    io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(bad)?;
     Ok(())
 }
 
@@ -208,9 +219,13 @@ pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream
     };
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
     tokio::task::spawn_blocking(move || {
-        let mut out = ChannelWriter { tx: tx.clone() };
+        let mut out = ChannelWriter {
+            tx: tx.clone(),
+            poisoned: false,
+        };
         // On failure `events` is dropped before its last event: the helper is told to
-        // abandon the GET.
+        // abandon the GET. The archive's end is written only after the helper's `DONE`:
+        // a failed GET is an error item, never a complete-looking shorter archive.
         if let Err(e) = write_tar(first, events, &mut out) {
             tracing::debug!("get_archive through the helper failed: {e}");
             let _ = tx.blocking_send(Err(e));
@@ -227,13 +242,19 @@ fn tokio_stream_of(rx: mpsc::Receiver<io::Result<Bytes>>) -> ByteStream {
     .boxed()
 }
 
-/// A blocking `Write` into a channel of chunks; fails once the reader is gone.
+/// A blocking `Write` into a channel of chunks; fails once the reader is gone, or once
+/// poisoned (after a failure, so that nothing dropped later, such as a `tar::Builder`
+/// writing its end-of-archive on drop, reaches the reader).
 struct ChannelWriter {
     tx: mpsc::Sender<io::Result<Bytes>>,
+    poisoned: bool,
 }
 
 impl io::Write for ChannelWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.poisoned {
+            return Err(io::Error::other("the archive failed"));
+        }
         self.tx
             .blocking_send(Ok(Bytes::copy_from_slice(buf)))
             .map_err(|_| {
@@ -247,9 +268,34 @@ impl io::Write for ChannelWriter {
     }
 }
 
-fn write_tar(first: Entry, mut events: Receiver, out: &mut impl io::Write) -> io::Result<()> {
+fn write_tar(first: Entry, events: Receiver, out: &mut ChannelWriter) -> io::Result<()> {
     let mut builder = tar::Builder::new(io::BufWriter::with_capacity(proto::CHUNK, out));
     builder.follow_symlinks(false);
+    match write_entries(&mut builder, first, events) {
+        Ok(()) => io::Write::flush(&mut builder.into_inner()?),
+        Err(e) => {
+            // Dropping the builder would write the end-of-archive (and the buffer would be
+            // flushed): not after a failure.
+            builder.get_mut().get_mut().poisoned = true;
+            Err(e)
+        }
+    }
+}
+
+/// Appends the helper's entries until its `DONE` (`Ok`) or a failure, naming the entry.
+fn write_entries(
+    builder: &mut tar::Builder<impl io::Write>,
+    first: Entry,
+    mut events: Receiver,
+) -> io::Result<()> {
+    let mut last = String::new();
+    let named = |last: &str, why: String| {
+        if last.is_empty() {
+            io::Error::other(why)
+        } else {
+            io::Error::other(format!("{why} (after {last})"))
+        }
+    };
     let mut next = Some(first);
     loop {
         let entry = match next.take() {
@@ -263,10 +309,17 @@ fn write_tar(first: Entry, mut events: Receiver, out: &mut impl io::Write) -> io
                 Some(Event::FileFailed(_, p, msg)) => {
                     return Err(io::Error::other(format!("{p}: {msg}")));
                 }
-                Some(Event::Lost(why)) => return Err(io::Error::other(why)),
+                Some(Event::Lost(why)) => {
+                    return Err(named(
+                        &last,
+                        format!("the exec helper's stream broke: {why}"),
+                    ));
+                }
+                None => return Err(named(&last, "the exec helper never ended the GET".into())),
                 other => return Err(io::Error::other(format!("unexpected frame {other:?}"))),
             },
         };
+        last = String::from_utf8_lossy(&entry.path).into_owned();
         let mut header = tar::Header::new_gnu();
         header.set_mode(entry.mode);
         header.set_uid(u64::from(entry.uid));
@@ -295,12 +348,13 @@ fn write_tar(first: Entry, mut events: Receiver, out: &mut impl io::Write) -> io
                     events: &mut events,
                     left: entry.size,
                     pending: Bytes::new(),
+                    path: &last,
                 };
                 builder.append_data(&mut header, &path, data)?;
             }
         }
     }
-    io::Write::flush(&mut builder.into_inner()?)
+    Ok(())
 }
 
 /// One file's data, read from `STDOUT` frames, returning credit as it goes.
@@ -308,6 +362,8 @@ struct Data<'a> {
     events: &'a mut Receiver,
     left: u64,
     pending: Bytes,
+    /// The file's path in the archive, for messages.
+    path: &'a str,
 }
 
 impl Read for Data<'_> {
@@ -324,7 +380,18 @@ impl Read for Data<'_> {
                 Some(Event::FileFailed(_, p, msg)) => {
                     return Err(io::Error::other(format!("{p}: {msg}")));
                 }
-                Some(Event::Lost(why)) => return Err(io::Error::other(why)),
+                Some(Event::Lost(why)) => {
+                    return Err(io::Error::other(format!(
+                        "the exec helper's stream broke inside {}: {why}",
+                        self.path
+                    )));
+                }
+                None => {
+                    return Err(io::Error::other(format!(
+                        "the exec helper's stream ended inside {}",
+                        self.path
+                    )));
+                }
                 other => return Err(io::Error::other(format!("unexpected frame {other:?}"))),
             }
         }
