@@ -10,6 +10,9 @@ use runcell_core::{Network, RunSpec, ca};
 /// library's and the caller's). Pure: snapshotted in tests.
 pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> ContainerCreateBody {
     let mut mounts = vec![match &spec.workspace.host_dir {
+        // Docker takes no `nosuid`/`nodev` on a bind (20.10 refuses the flags in `Binds`,
+        // `BindOptions` has none): the driver defuses the host directory once the
+        // container is gone instead; Podman gets them ([`podman_binds`]).
         Some(dir) => Mount {
             typ: Some(MountType::BIND),
             source: Some(dir.display().to_string()),
@@ -88,6 +91,32 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
     }
 }
 
+/// Podman takes mount flags in `Binds` (Docker refuses them): there the workspace's bind
+/// becomes `SOURCE:TARGET:rw,nosuid,nodev`, so that inside the run a setuid program or a
+/// device node written into the host directory is inert. A path with `:` or `,` cannot be
+/// written in `Binds` and stays a plain bind (the driver's defusing at removal still
+/// applies).
+pub(crate) fn podman_binds(body: &mut ContainerCreateBody) {
+    let Some(host) = body.host_config.as_mut() else {
+        return;
+    };
+    let Some(mounts) = host.mounts.as_mut() else {
+        return;
+    };
+    let Some(i) = mounts.iter().position(|m| m.typ == Some(MountType::BIND)) else {
+        return;
+    };
+    let (Some(source), Some(target)) = (&mounts[i].source, &mounts[i].target) else {
+        return;
+    };
+    if [source, target].iter().any(|p| p.contains([':', ','])) {
+        return;
+    }
+    let bind = format!("{source}:{target}:rw,nosuid,nodev");
+    mounts.remove(i);
+    host.binds.get_or_insert_with(Vec::new).push(bind);
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -136,5 +165,24 @@ mod tests {
             ".Labels" => insta::sorted_redaction(),
             ".HostConfig.Tmpfs" => insta::sorted_redaction(),
         });
+    }
+
+    /// On Podman the workspace's bind is `nosuid,nodev`; without a host directory, or
+    /// with a path `Binds` cannot carry, nothing changes.
+    #[test]
+    fn podman_binds_the_workspace_nosuid_nodev() {
+        let spec = RunSpec::new("busybox:1.36").workspace_dir("/srv/work/run-1");
+        let mut body = container_body(&spec, &labels(&spec));
+        podman_binds(&mut body);
+        insta::assert_yaml_snapshot!(body.host_config.as_ref().unwrap());
+        for spec in [
+            RunSpec::new("busybox:1.36"),
+            RunSpec::new("busybox:1.36").workspace_dir("/srv/work:1"),
+        ] {
+            let mut body = container_body(&spec, &labels(&spec));
+            let before = body.clone();
+            podman_binds(&mut body);
+            assert_eq!(body, before);
+        }
     }
 }

@@ -1,0 +1,145 @@
+//! The host side of a run's workspace bind mount, after the run.
+//!
+//! Code in a run may be root, and a bind mount shows the host what it writes as it wrote
+//! it: a setuid-root program, a device node. Docker cannot mount a bind `nosuid,nodev`
+//! (20.10 refuses the flags; Podman takes them: `body::podman_binds`), and
+//! such flags would only guard the container's own view anyway: on the host's own mount
+//! the bits count. So when a run's container is gone, its workspace is walked once
+//! ([`defuse`]): setuid and setgid bits come off files, device nodes are removed.
+//! Symbolic links are never followed, nor other filesystems entered.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use bollard::models::ContainerInspectResponse;
+
+/// The host directory bound into the container, as the engine recorded it at creation
+/// (never anything the container says): runcell makes one bind, the workspace's.
+pub(crate) fn workspace_bind(inspect: &ContainerInspectResponse) -> Option<PathBuf> {
+    inspect
+        .mounts
+        .iter()
+        .flatten()
+        .find(|m| m.typ.as_deref() == Some("bind"))
+        .and_then(|m| m.source.as_deref())
+        .filter(|s| s.starts_with('/'))
+        .map(PathBuf::from)
+}
+
+/// What [`defuse`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Defused {
+    /// Files whose setuid or setgid bit came off.
+    pub(crate) cleared: usize,
+    /// Device nodes removed.
+    pub(crate) removed: usize,
+    /// Entries that could not be changed (say, root's files in a rootful engine while the
+    /// library is not root), with the error.
+    pub(crate) failed: Vec<(PathBuf, String)>,
+}
+
+/// Walks `dir` (not following symbolic links, staying on its filesystem): clears the
+/// setuid and setgid bits of every non-directory, removes block and character devices.
+/// Directories keep theirs (a setgid directory only passes its group on). Call it once
+/// nothing in the sandbox can write there any more.
+pub(crate) fn defuse(dir: &Path) -> Defused {
+    let mut done = Defused::default();
+    let Ok(root) = std::fs::symlink_metadata(dir) else {
+        return done;
+    };
+    if !root.is_dir() {
+        return done;
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        let entries = match std::fs::read_dir(&at) {
+            Ok(entries) => entries,
+            Err(e) => {
+                done.failed.push((at, e.to_string()));
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let kind = meta.file_type();
+            if kind.is_symlink() {
+                continue;
+            }
+            if kind.is_dir() {
+                if meta.dev() == root.dev() {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if kind.is_block_device() || kind.is_char_device() {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => done.removed += 1,
+                    Err(e) => done.failed.push((path, e.to_string())),
+                }
+                continue;
+            }
+            let mode = meta.permissions().mode();
+            if mode & 0o6000 != 0 {
+                // By path, but only after `symlink_metadata` said it is no link, and with
+                // the run gone nothing swaps it.
+                let perm = std::fs::Permissions::from_mode(mode & 0o1777);
+                match std::fs::set_permissions(&path, perm) {
+                    Ok(()) => done.cleared += 1,
+                    Err(e) => done.failed.push((path, e.to_string())),
+                }
+            }
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setuid_and_setgid_bits_come_off_files_and_links_are_not_followed() {
+        let base = std::env::temp_dir().join(format!(
+            "runcell-defuse-{}-{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let (ws, outside) = (base.join("ws"), base.join("outside"));
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        for (name, m) in [("sub/suid", 0o4755), ("sgid", 0o2750), ("plain", 0o644)] {
+            std::fs::write(ws.join(name), "x").unwrap();
+            set(&ws.join(name), m);
+        }
+        std::fs::write(outside.join("theirs"), "x").unwrap();
+        set(&outside.join("theirs"), 0o4755);
+        std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.join("theirs"), ws.join("file-link")).unwrap();
+        set(&ws.join("sub"), 0o2775);
+
+        let done = defuse(&ws);
+        assert_eq!((done.cleared, done.removed), (2, 0), "{done:?}");
+        assert!(done.failed.is_empty(), "{done:?}");
+        assert_eq!(mode(&ws.join("sub/suid")), 0o755);
+        assert_eq!(mode(&ws.join("sgid")), 0o750);
+        assert_eq!(mode(&ws.join("plain")), 0o644);
+        assert_eq!(mode(&ws.join("sub")), 0o2775, "directories keep their bits");
+        assert_eq!(mode(&outside.join("theirs")), 0o4755, "a link was followed");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_missing_directory_is_nothing_to_do() {
+        assert_eq!(
+            defuse(Path::new("/no/such/dir/for/runcell")),
+            Defused::default()
+        );
+    }
+}
