@@ -15,9 +15,14 @@
 //! when the queue is empty; the queue is bounded by the credits: output and `ENTRY` frames
 //! are queued only within an id's credit); a reaper waits for every child (`waitid` with
 //! `WNOWAIT`, then reaps under the registry lock, so std's own spawn-failure `waitpid` is
-//! never raced); a tracker re-reads `/proc` while execs run; per exec one output thread
-//! (credit-gated, or draining and dropping once the host discarded the exec) and, when
-//! stdin is piped, one stdin writer; a kill or a `GET` runs on its own thread.
+//! never raced); per exec one output thread (credit-gated, or draining and dropping once
+//! the host discarded the exec; it also reads the command's status from the exec's
+//! shepherd) and, when stdin is piped, one stdin writer; a kill or a `GET` runs on its own
+//! thread.
+//!
+//! Processes: every exec runs under a shepherd of its own (`shepherd.rs`, the same
+//! executable in another mode), which tracks, reaps and kills that exec's processes and
+//! nothing else; the helper only talks to the shepherds and reaps them.
 //!
 //! Lock order: registry, then an exec's state, then a flow, then the output queue (a
 //! leaf: nothing is locked while holding it).
@@ -25,8 +30,9 @@
 // Shared with core's client: not every item is used here, and its style is core's.
 #[allow(dead_code, clippy::type_complexity)]
 mod proto;
+mod shepherd;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::env;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -35,6 +41,7 @@ use std::io::{self, ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -45,10 +52,9 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use proto::{
     CHUNK, CREDIT, DIRECTORY, DISCARD, DONE, Dec, DecodeError, ENTRY, EXIT, EXITED, Enc, Entry,
-    FILE_ERROR, FileError, Fnv, GET, HELLO, Hello, INITIAL_CREDIT, KILL, KILL_GRACE_MS, KILLED,
-    PING, PONG, PROTOCOL_ERROR, PUT, REGULAR, SIGNALED, SPAWN, SPAWN_ERROR, STARTED, STDERR, STDIN,
-    STDIN_ACK, STDIN_EOF, STDIN_WINDOW, STDOUT, SYMLINK, Spawn, SpawnError, TRACK_INTERVAL_MS,
-    VERSION,
+    FILE_ERROR, FileError, Fnv, GET, HELLO, HOLE_BLOCK, Hello, INITIAL_CREDIT, KILL, KILL_GRACE_MS,
+    KILLED, PING, PONG, PROTOCOL_ERROR, PUT, REGULAR, SIGNALED, SPAWN, SPAWN_ERROR, STARTED,
+    STDERR, STDIN, STDIN_ACK, STDIN_EOF, STDIN_WINDOW, STDOUT, SYMLINK, Spawn, SpawnError, VERSION,
 };
 
 /// Stack of every thread the helper starts (they neither recurse nor keep big locals).
@@ -61,8 +67,14 @@ const STDIN_QUEUE_LIMIT: usize = 4 * STDIN_WINDOW as usize;
 const EXEC_ID_VAR: &[u8] = b"SANDBOX_EXEC_ID";
 /// Header of a frame: length u32, kind u8, id u32.
 const HEADER: usize = 9;
-/// Lifespans of forgotten execs kept to attribute orphans safely.
-const HISTORY: usize = 256;
+/// How long a shepherd may take to answer a plan (it starts the command and answers at
+/// once; only a stopped one takes longer).
+const SHEPHERD_ANSWER: Duration = Duration::from_secs(8);
+/// How long a kill waits for the exec's shepherd to confirm that its processes are gone
+/// (its graceful kill takes about `KILL_GRACE_MS`; the host waits 4 s for `KILLED`).
+const KILL_CONFIRM: Duration = Duration::from_millis(KILL_GRACE_MS + 2500);
+/// How long an exiting helper waits for the shepherds of live execs to kill them.
+const SHUTDOWN_KILL: Duration = Duration::from_secs(3);
 /// The writer's buffer: small frames are batched into one `write`.
 const WRITE_BUFFER: usize = 128 * 1024;
 /// How long an exiting helper lets the writer send what is queued (the host may not read).
@@ -82,14 +94,15 @@ const ENFILE: i32 = 23;
 const EMFILE: i32 = 24;
 const ETXTBSY: i32 = 26;
 const ENAMETOOLONG: i32 = 36;
+const ENOSYS: i32 = 38;
 const ELOOP: i32 = 40;
 
 /// The few libc calls std lacks, each behind a safe wrapper. The only `unsafe` code.
 mod sys {
     use std::ffi::CString;
     use std::io;
-    use std::os::fd::RawFd;
-    use std::os::raw::{c_char, c_int, c_short, c_uint, c_ulong};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::os::raw::{c_char, c_int, c_long, c_short, c_uint, c_ulong};
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::process::CommandExt;
     use std::path::Path;
@@ -151,6 +164,19 @@ mod sys {
     const O_NONBLOCK: c_int = 0o4000;
     const FIONREAD: c_ulong = 0x541B;
     const X_OK: c_int = 1;
+    const F_GETFD: c_int = 1;
+    const F_SETFD: c_int = 2;
+    const FD_CLOEXEC: c_int = 1;
+    const SIG_BLOCK: c_int = 0;
+    const SIGCHLD: c_int = 17;
+    const SFD_NONBLOCK: c_int = 0o4000;
+    const SFD_CLOEXEC: c_int = 0o2000000;
+    const SYS_PIDFD_SEND_SIGNAL: c_long = 424;
+    const SYS_PIDFD_OPEN: c_long = 434;
+
+    /// glibc's `sigset_t` (1024 bits).
+    #[repr(C)]
+    struct SigSet([u64; 16]);
 
     unsafe extern "C" {
         fn prctl(
@@ -172,9 +198,12 @@ mod sys {
         safe fn getuid() -> c_uint;
         safe fn getgid() -> c_uint;
         safe fn geteuid() -> c_uint;
-        safe fn getpgid(pid: c_int) -> c_int;
-        safe fn getsid(pid: c_int) -> c_int;
+        safe fn setsid() -> c_int;
         fn access(path: *const c_char, mode: c_int) -> c_int;
+        fn dup2(old: c_int, new: c_int) -> c_int;
+        fn sigprocmask(how: c_int, set: *const SigSet, old: *mut SigSet) -> c_int;
+        fn signalfd(fd: c_int, mask: *const SigSet, flags: c_int) -> c_int;
+        fn syscall(num: c_long, ...) -> c_long;
     }
 
     /// A libc return value: negative means errno.
@@ -267,9 +296,94 @@ mod sys {
         (getuid(), getgid(), geteuid())
     }
 
-    /// The helper's process group and session.
-    pub fn pgid_sid() -> (i32, i32) {
-        (getpgid(0), getsid(0))
+    /// Starts a new session, of which the caller is the leader.
+    pub fn new_session() -> io::Result<()> {
+        check(setsid()).map(drop)
+    }
+
+    /// Sets or clears `FD_CLOEXEC` on `fd`.
+    pub fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
+        // SAFETY: F_GETFD takes no further argument; an invalid fd only yields EBADF.
+        let flags = check(unsafe { fcntl(fd, F_GETFD) })?;
+        let flags = if on {
+            flags | FD_CLOEXEC
+        } else {
+            flags & !FD_CLOEXEC
+        };
+        // SAFETY: F_SETFD takes one int argument.
+        check(unsafe { fcntl(fd, F_SETFD, flags) }).map(drop)
+    }
+
+    /// Takes an inherited descriptor (above stdio) named on the command line, if open.
+    pub fn inherited_fd(fd: RawFd) -> Option<OwnedFd> {
+        // SAFETY: F_GETFD only asks whether `fd` is open.
+        if fd < 3 || unsafe { fcntl(fd, F_GETFD) } < 0 {
+            return None;
+        }
+        // SAFETY: `fd` is open, and nothing else in this process owns it: it was
+        // inherited and is taken once, at start.
+        Some(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Points stdin, stdout and stderr at `/dev/null`.
+    pub fn stdio_to_null() -> io::Result<()> {
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")?;
+        for fd in 0..3 {
+            // SAFETY: both are open descriptors; dup2 replaces `fd` atomically.
+            check(unsafe { dup2(null.as_raw_fd(), fd) })?;
+        }
+        Ok(())
+    }
+
+    /// Blocks SIGCHLD and returns a (non-blocking) descriptor that becomes readable
+    /// when it is pending. Children started through std get an empty signal mask.
+    pub fn sigchld_fd() -> io::Result<OwnedFd> {
+        let mut set = SigSet([0; 16]);
+        set.0[0] = 1 << (SIGCHLD - 1);
+        // SAFETY: `set` is a valid sigset_t that outlives the call; no old set is asked.
+        check(unsafe { sigprocmask(SIG_BLOCK, &set, std::ptr::null_mut()) })?;
+        // SAFETY: as above; -1 asks for a new descriptor.
+        let fd = check(unsafe { signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC) })?;
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Reaps one exited child without blocking: its pid and wait status; `None` while
+    /// children live but none exited; `Err` (ECHILD) with no child at all.
+    pub fn reap_any() -> io::Result<Option<(i32, i32)>> {
+        let mut status: c_int = 0;
+        // SAFETY: `status` is a writable int that outlives the call.
+        let r = check(unsafe { waitpid(-1, &mut status, WNOHANG) })?;
+        Ok((r > 0).then_some((r, status)))
+    }
+
+    /// A pidfd of `pid` (ENOSYS before Linux 5.3).
+    pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+        // SAFETY: pidfd_open takes a pid and flags, both plain integers.
+        let r = unsafe { syscall(SYS_PIDFD_OPEN, pid as c_long, 0 as c_long) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+    }
+
+    /// Sends `sig` to the process of a pidfd; true if it was sent.
+    pub fn pidfd_signal(fd: &OwnedFd, sig: i32) -> bool {
+        let none: c_long = 0;
+        // SAFETY: a live pidfd, a signal number, a null siginfo and no flags.
+        unsafe {
+            syscall(
+                SYS_PIDFD_SEND_SIGNAL,
+                fd.as_raw_fd() as c_long,
+                sig as c_long,
+                none,
+                none,
+            ) == 0
+        }
     }
 
     /// Runs in the forked child: supplementary groups, gid, uid, in that order.
@@ -319,6 +433,10 @@ fn start_thread(name: &str, f: impl FnOnce() + Send + 'static) -> bool {
 }
 
 fn main() {
+    let mut args = env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == shepherd::MODE_ARG) {
+        shepherd::main(args.next());
+    }
     if let Err(e) = sys::set_not_dumpable() {
         diag(format_args!("cannot make itself non-dumpable: {e}"));
     }
@@ -348,8 +466,7 @@ fn main() {
         diag(format_args!("cannot start its writer thread"));
         std::process::exit(1);
     }
-    if !start_thread("reaper", move || h.reaper()) || !start_thread("tracker", move || h.tracker())
-    {
+    if !start_thread("reaper", move || h.reaper()) {
         diag(format_args!("cannot start its threads"));
         h.send_protocol_error("the helper cannot start its threads");
         h.flush_at_exit();
@@ -432,10 +549,8 @@ struct Helper {
     out_broken: AtomicBool,
     /// Set by the first thread that shuts the helper down.
     stopping: AtomicBool,
-    /// The helper's pid, process group and session (never killed).
+    /// The helper's pid.
     pid: i32,
-    pgid: i32,
-    sid: i32,
     /// Real uid and gid.
     uid: u32,
     gid: u32,
@@ -446,72 +561,50 @@ struct Helper {
     cwd_id: Option<(u64, u64)>,
     /// The run's environment, without an inherited `SANDBOX_EXEC_ID`.
     base_env: Vec<(OsString, OsString)>,
-    /// Execs and their processes.
+    /// Execs and their shepherds.
     reg: Mutex<Registry>,
-    /// Signalled on every spawn (the reaper and the tracker wait for one).
+    /// Signalled on every spawn (the reaper waits for one).
     reg_cv: Condvar,
     /// Makes temporary file names unique.
     tmp_counter: AtomicU64,
 }
 
-/// The execs the helper knows, with their process tracking.
+/// The execs the helper knows.
 #[derive(Default)]
 struct Registry {
-    /// By id, until forgotten (after `EXIT` once its tracked processes are gone, or a kill).
-    execs: HashMap<u32, Tracked>,
-    /// Roots not reaped yet: pid → exec id.
-    roots: HashMap<i32, u32>,
+    /// By id, until forgotten: once its `EXIT` was sent and its shepherd exited (no
+    /// process of it is left), or at once when its spawn failed.
+    execs: HashMap<u32, Arc<Exec>>,
+    /// Shepherds not reaped yet: pid → exec id.
+    shepherds: HashMap<i32, u32>,
     /// Bumped on every spawn.
     spawned: u64,
-    /// (root start, end) in clock ticks of forgotten execs.
-    history: VecDeque<(u64, u64)>,
-}
-
-/// One exec's tracking.
-struct Tracked {
-    exec: Arc<Exec>,
-    /// Start of the root, clock ticks since boot.
-    start: u64,
-    /// When the root was reaped, clock ticks since boot.
-    end: Option<u64>,
-    /// Every process seen descending from the exec: pid → start time.
-    pids: HashMap<i32, u64>,
-}
-
-impl Registry {
-    /// Drops an exec's tracking, keeping its lifespan in the history.
-    fn forget(&mut self, id: u32) {
-        if let Some(t) = self.execs.remove(&id) {
-            let end = t.end.unwrap_or_else(now_ticks);
-            if self.history.len() >= HISTORY {
-                self.history.pop_front();
-            }
-            self.history.push_back((t.start, end));
-        }
-    }
 }
 
 /// A live exec.
 struct Exec {
     id: u32,
-    /// The root process (its own process group).
-    root: i32,
-    /// Its `SANDBOX_EXEC_ID` (empty: none).
-    marker: Vec<u8>,
+    /// Its shepherd (the session leader of the exec's processes).
+    shepherd: i32,
+    /// The helper's end of the shepherd's control channel, for kill orders (the output
+    /// thread reads a clone of it).
+    ctl: Mutex<UnixStream>,
     /// Output credit.
     flow: Flow,
     st: Mutex<ExecState>,
     /// Signalled on any change of `st`.
     cv: Condvar,
-    /// Written once the root is reaped, to wake the output thread's poll.
+    /// Written once the command's status is known, to wake the output thread's poll.
     wake: io::PipeWriter,
 }
 
 /// The mutable part of an exec.
 #[derive(Default)]
 struct ExecState {
-    /// Wait status of the root, once reaped.
+    /// Wait status of the command, once its shepherd reported it.
     status: Option<i32>,
+    /// Wait status of the shepherd, once reaped: none of the exec's processes is left.
+    shepherd_status: Option<i32>,
     /// `STARTED` was sent: the threads may send frames.
     started: bool,
     /// `EXIT` was sent (or the spawn was abandoned): no more frames.
@@ -526,16 +619,38 @@ struct ExecState {
 }
 
 impl Exec {
-    /// The root was reaped: record its status and wake the output thread.
+    /// The command's status is known: record it and wake the output thread.
     fn reaped(&self, status: i32) {
         lock(&self.st).status = Some(status);
         self.cv.notify_all();
         let _ = (&self.wake).write(&[1]);
     }
 
-    /// The root's wait status, once reaped.
+    /// The command's wait status, once known.
     fn status(&self) -> Option<i32> {
         lock(&self.st).status
+    }
+
+    /// Orders the shepherd to kill the exec's processes (errors mean it is gone).
+    fn order_kill(&self, immediate: bool) {
+        let _ = lock(&self.ctl).write_all(&shepherd::kill_frame(immediate));
+    }
+
+    /// Waits until the shepherd was reaped, at most until `deadline`; true if it was.
+    fn wait_shepherd(&self, deadline: Instant) -> bool {
+        let mut st = lock(&self.st);
+        while st.shepherd_status.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
     }
 
     /// `EXIT` was sent (or the spawn abandoned).
@@ -627,7 +742,6 @@ impl Flow {
 struct Proc {
     pid: i32,
     ppid: i32,
-    pgid: i32,
     sid: i32,
     /// Start time, clock ticks since boot (field 22): tells a reused pid apart.
     start: u64,
@@ -643,13 +757,12 @@ fn parse_stat(pid: i32, b: &[u8]) -> Option<Proc> {
     let num =
         |f: Option<&[u8]>| -> Option<i64> { std::str::from_utf8(f?).ok()?.trim().parse().ok() };
     let ppid = num(it.next())? as i32;
-    let pgid = num(it.next())? as i32;
+    it.next()?; // pgrp
     let sid = num(it.next())? as i32;
     let start = num(it.nth(15))? as u64;
     Some(Proc {
         pid,
         ppid,
-        pgid,
         sid,
         start,
         zombie: state == b'Z' || state == b'X',
@@ -686,30 +799,6 @@ fn scan() -> Vec<Proc> {
     v
 }
 
-/// Clock ticks since boot (the unit of a process's start time).
-fn now_ticks() -> u64 {
-    let Ok(s) = fs::read_to_string("/proc/uptime") else {
-        return u64::MAX;
-    };
-    let first = s.split_whitespace().next().unwrap_or("0");
-    let (secs, frac) = first.split_once('.').unwrap_or((first, "0"));
-    let secs: u64 = secs.parse().unwrap_or(0);
-    let frac: u64 = format!("{frac:0<2}")
-        .get(..2)
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0);
-    secs * 100 + frac
-}
-
-/// Whether `/proc/<pid>/environ` holds one of `needles` (`NAME=value`) exactly.
-fn environ_matches(pid: i32, needles: &[Vec<u8>]) -> bool {
-    let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    env.split(|&b| b == 0)
-        .any(|v| needles.iter().any(|n| n.as_slice() == v))
-}
-
 impl Helper {
     /// Records what every spawn starts from: ids, working directory, environment. Also
     /// returns the frame stream, for the writer thread.
@@ -719,7 +808,6 @@ impl Helper {
         }
         let out = File::from(io::stdout().as_fd().try_clone_to_owned()?);
         let (uid, gid, euid) = sys::ids();
-        let (pgid, sid) = sys::pgid_sid();
         let cwd = env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let cwd_id = fs::metadata(".").ok().map(|m| (m.dev(), m.ino()));
         let base_env = env::vars_os()
@@ -732,8 +820,6 @@ impl Helper {
             out_broken: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             pid: std::process::id() as i32,
-            pgid,
-            sid,
             uid,
             gid,
             root: euid == 0,
@@ -868,21 +954,31 @@ impl Helper {
 
     /// An exec not forgotten yet.
     fn exec(&self, id: u32) -> Option<Arc<Exec>> {
-        lock(&self.reg).execs.get(&id).map(|t| t.exec.clone())
+        lock(&self.reg).execs.get(&id).cloned()
     }
 
     // ---- spawn -------------------------------------------------------------------------
 
-    /// Spawns an exec and its threads; `STARTED` is sent here.
+    /// Spawns an exec (its shepherd, which starts the command) and its threads;
+    /// `STARTED` is sent here.
     fn start_exec(&'static self, id: u32, sp: &Spawn) -> Result<(), (SpawnError, String)> {
         let plan = self.plan(sp)?;
-        let argv0 = OsStr::from_bytes(&sp.argv[0]);
-        let mut cmd = Command::new(&plan.program);
-        cmd.arg0(argv0)
-            .args(sp.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
+        let order = shepherd::plan_frame(
+            &plan.program,
+            &sp.argv,
+            &plan.env,
+            plan.cwd.as_deref(),
+            plan.switch.as_ref(),
+        );
+        drop(plan);
+        let res = |e: io::Error| (spawn_error_kind(&e, false), e.to_string());
+        let (mine, theirs) = UnixStream::pair().map_err(res)?;
+        let (wake_r, wake_w) = io::pipe().map_err(res)?;
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg0(shepherd::NAME)
+            .arg(shepherd::MODE_ARG)
+            .arg(theirs.as_raw_fd().to_string())
             .env_clear()
-            .envs(plan.env.iter().map(|(k, v)| (k, v)))
-            .process_group(0)
             .stdin(if sp.stdin_piped {
                 Stdio::piped()
             } else {
@@ -890,34 +986,29 @@ impl Helper {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some(d) = &plan.cwd {
-            cmd.current_dir(d);
-        }
-        let switching = plan.switch.is_some();
-        if let Some(c) = plan.switch {
-            sys::switch_user(&mut cmd, c.uid, c.gid, c.groups);
-        }
-        let (wake_r, wake_w) =
-            io::pipe().map_err(|e| (spawn_error_kind(&e, false), e.to_string()))?;
+        let ctl = mine.try_clone().map_err(res)?;
         let (ex, mut child) = {
-            // The registry stays locked from the spawn to the root's registration, so the
-            // reaper cannot reap the root (or a child std waits for itself) before.
+            // The registry stays locked from the spawn to the shepherd's registration, so
+            // the reaper cannot reap it (or a child std waits for itself) before; and no
+            // other spawn runs while the shepherd's end of the channel is inheritable.
             let mut r = lock(&self.reg);
             if self.stopping.load(Ordering::SeqCst) {
                 return Err((SpawnError::Other, "the helper is exiting".into()));
             }
-            let child = cmd.spawn().map_err(|e| {
+            sys::set_cloexec(theirs.as_raw_fd(), false).map_err(res)?;
+            let spawned = cmd.spawn();
+            drop(theirs);
+            let child = spawned.map_err(|e| {
                 (
-                    spawn_error_kind(&e, switching),
-                    format!("{}: {e}", String::from_utf8_lossy(&sp.argv[0])),
+                    spawn_error_kind(&e, false),
+                    format!("cannot start the exec's shepherd: {e}"),
                 )
             })?;
             let pid = child.id() as i32;
-            let start = read_stat(pid, &mut Vec::new()).map_or(0, |p| p.start);
             let ex = Arc::new(Exec {
                 id,
-                root: pid,
-                marker: plan.marker,
+                shepherd: pid,
+                ctl: Mutex::new(ctl),
                 flow: Flow::new(),
                 st: Mutex::new(ExecState {
                     piped: sp.stdin_piped,
@@ -926,16 +1017,8 @@ impl Helper {
                 cv: Condvar::new(),
                 wake: wake_w,
             });
-            r.execs.insert(
-                id,
-                Tracked {
-                    exec: ex.clone(),
-                    start,
-                    end: None,
-                    pids: HashMap::new(),
-                },
-            );
-            r.roots.insert(pid, id);
+            r.execs.insert(id, ex.clone());
+            r.shepherds.insert(pid, id);
             r.spawned += 1;
             self.reg_cv.notify_all();
             (ex, child)
@@ -946,27 +1029,53 @@ impl Helper {
             child.stderr.take().map(|p| File::from(OwnedFd::from(p))),
         ];
         drop(child); // Never waited on: the reaper owns waiting.
+        let mut reader = mine;
+        let answer = reader
+            .set_write_timeout(Some(SHEPHERD_ANSWER))
+            .and_then(|()| reader.set_read_timeout(Some(SHEPHERD_ANSWER)))
+            .and_then(|()| reader.write_all(&order))
+            .and_then(|()| shepherd::read_frame(&mut reader));
+        drop(order);
+        let abandon = |kind: SpawnError, msg: String| {
+            lock(&ex.st).done = true;
+            ex.cv.notify_all();
+            ex.order_kill(true);
+            lock(&self.reg).execs.remove(&id);
+            Err((kind, msg))
+        };
+        let root = match answer {
+            Ok(Some((shepherd::STARTED, p))) if p.len() == 4 => {
+                u32::from_le_bytes([p[0], p[1], p[2], p[3]])
+            }
+            Ok(Some((shepherd::FAILED, p))) => {
+                let mut d = Dec::new(&p);
+                let kind = d.u8().map_or(SpawnError::Other, SpawnError::from_u8);
+                let msg = String::from_utf8_lossy(d.bytes().unwrap_or_default()).into_owned();
+                return abandon(kind, msg);
+            }
+            Ok(_) => return abandon(SpawnError::Other, "the exec's shepherd failed".into()),
+            Err(e) => {
+                let msg = format!("the exec's shepherd did not answer: {e}");
+                return abandon(SpawnError::Other, msg);
+            }
+        };
+        let _ = reader.set_read_timeout(None);
+        let _ = lock(&ex.ctl).set_write_timeout(Some(Duration::from_secs(1)));
         let h = self;
         let ex_out = ex.clone();
-        let mut ok = start_thread("output", move || h.output_thread(&ex_out, pipes, wake_r));
+        let mut ok = start_thread("output", move || {
+            h.output_thread(&ex_out, pipes, wake_r, reader)
+        });
         if ok && let Some(p) = stdin {
             let ex_in = ex.clone();
             ok = start_thread("stdin", move || h.stdin_thread(&ex_in, p));
         }
         if !ok {
-            lock(&ex.st).done = true;
-            ex.cv.notify_all();
-            let mut r = lock(&self.reg);
-            // Still unreaped (the registry is locked): the pid is ours.
-            sys::signal(-ex.root, sys::SIGKILL);
-            sys::signal(ex.root, sys::SIGKILL);
-            r.roots.remove(&ex.root);
-            r.execs.remove(&id);
-            return Err((SpawnError::Resources, "cannot start a thread".into()));
+            return abandon(SpawnError::Resources, "cannot start a thread".into());
         }
         {
             let mut st = lock(&ex.st);
-            self.send_u32(STARTED, id, ex.root as u32);
+            self.send_u32(STARTED, id, root);
             st.started = true;
         }
         ex.cv.notify_all();
@@ -1001,12 +1110,8 @@ impl Helper {
         };
 
         let mut env = self.base_env.clone();
-        let mut marker = Vec::new();
         let mut home_set = false;
         for (k, v) in &sp.env {
-            if k.as_slice() == EXEC_ID_VAR {
-                marker.clone_from(v);
-            }
             home_set |= k.as_slice() == b"HOME";
             set_env(&mut env, k, v);
         }
@@ -1066,20 +1171,28 @@ impl Helper {
             env,
             cwd,
             switch,
-            marker,
         })
     }
 
     // ---- exec threads ------------------------------------------------------------------
 
     /// Reads the exec's stdout and stderr under the credit rule (once the host discarded
-    /// the exec: without credit, dropping the data), then sends `EXIT`.
-    fn output_thread(&'static self, ex: &Exec, mut pipes: [Option<File>; 2], wake: io::PipeReader) {
+    /// the exec: without credit, dropping the data) and the command's status from the
+    /// shepherd's channel `ctl`, then sends `EXIT`.
+    fn output_thread(
+        &'static self,
+        ex: &Exec,
+        mut pipes: [Option<File>; 2],
+        wake: io::PipeReader,
+        mut ctl: UnixStream,
+    ) {
         const KINDS: [u8; 2] = [STDOUT, STDERR];
         if !ex.wait_started() {
             return;
         }
         let mut wake = File::from(OwnedFd::from(wake));
+        let mut ctl_open = true;
+        let mut inbox = Vec::new();
         let mut buf = vec![0u8; HEADER + CHUNK];
         let mut reaped = false;
         // Once the root is reaped: what is still buffered in each pipe, the rest is dropped.
@@ -1103,8 +1216,8 @@ impl Helper {
             if pipes.iter().all(Option::is_none) {
                 break;
             }
-            let mut fds = [sys::PollFd::default(); 3];
-            let mut slots = [usize::MAX; 3];
+            let mut fds = [sys::PollFd::default(); 4];
+            let mut slots = [usize::MAX; 4];
             let mut n = 0;
             for (i, p) in pipes.iter().enumerate() {
                 if let Some(f) = p {
@@ -1126,6 +1239,15 @@ impl Helper {
                 n += 1;
                 n - 1
             });
+            let ctl_slot = (!reaped && ctl_open).then(|| {
+                fds[n] = sys::PollFd {
+                    fd: ctl.as_raw_fd(),
+                    events: sys::POLLIN,
+                    revents: 0,
+                };
+                n += 1;
+                n - 1
+            });
             match sys::poll_fds(&mut fds[..n], if reaped { 0 } else { -1 }) {
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -1140,6 +1262,12 @@ impl Helper {
                     if fd.revents != 0 {
                         let mut b = [0u8; 16];
                         let _ = wake.read(&mut b);
+                    }
+                    continue;
+                }
+                if Some(k) == ctl_slot {
+                    if fd.revents != 0 {
+                        ctl_open = self.read_shepherd(ex, &mut ctl, &mut inbox);
                     }
                     continue;
                 }
@@ -1180,6 +1308,10 @@ impl Helper {
                 // Nothing buffered any more; a background process holds the pipe: stop.
                 pipes = [None, None];
             }
+        }
+        // The pipes ended first: the status is still to come from the shepherd.
+        while ctl_open && ex.status().is_none() {
+            ctl_open = self.read_shepherd(ex, &mut ctl, &mut inbox);
         }
         let mut st = lock(&ex.st);
         while st.status.is_none() {
@@ -1239,27 +1371,78 @@ impl Helper {
         }
     }
 
-    /// After `EXIT`: forget the exec unless some of its processes live on.
+    /// Reads the exec's shepherd's channel: the command's status. False once it ended;
+    /// when it ended without a status the shepherd was killed (only root or the
+    /// helper's own user can), and [`Helper::shepherd_lost`] gives the exec an end.
+    fn read_shepherd(&self, ex: &Exec, ctl: &mut UnixStream, inbox: &mut Vec<u8>) -> bool {
+        let mut buf = [0u8; 256];
+        let open = match ctl.read(&mut buf) {
+            Ok(0) => false,
+            Ok(n) => {
+                inbox.extend_from_slice(&buf[..n]);
+                true
+            }
+            Err(e) => e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock,
+        };
+        for (kind, p) in shepherd::split_frames(inbox) {
+            if kind == shepherd::STATUS && p.len() == 4 {
+                ex.reaped(i32::from_le_bytes([p[0], p[1], p[2], p[3]]));
+            }
+        }
+        if !open && ex.status().is_none() {
+            self.shepherd_lost(ex);
+        }
+        open
+    }
+
+    /// The shepherd died before it sent the command's status (killed from inside the
+    /// sandbox): the exec ends as killed by the signal that killed its shepherd (SIGKILL
+    /// if it exited), and the processes still in its session, now re-parented to the
+    /// helper, are killed. (One that left the session is beyond reach: only root or the
+    /// helper's own user can do this, and either could kill it directly anyway.)
+    fn shepherd_lost(&self, ex: &Exec) {
+        ex.wait_shepherd(Instant::now() + Duration::from_secs(5));
+        let ws = lock(&ex.st).shepherd_status.unwrap_or(sys::SIGKILL);
+        let status = if ws & 0x7f != 0 && ws & 0x7f != 0x7f {
+            ws & 0x7f
+        } else {
+            sys::SIGKILL
+        };
+        diag(format_args!(
+            "exec {}: its shepherd {} died (wait status {ws:#x})",
+            ex.id, ex.shepherd
+        ));
+        for _ in 0..10 {
+            let left: Vec<Proc> = scan()
+                .into_iter()
+                .filter(|p| p.sid == ex.shepherd && p.pid != self.pid && !p.zombie)
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            for p in left {
+                shepherd::signal_checked(p.pid, p.start, sys::SIGKILL);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        ex.reaped(status);
+    }
+
+    /// After `EXIT`: forget the exec unless its shepherd (so some process of it) lives.
     fn exec_finished(&self, id: u32) {
-        let procs = scan();
         let mut r = lock(&self.reg);
-        self.update_tracking(&mut r, &procs);
-        let idle = r.execs.get(&id).is_some_and(|t| {
-            t.pids.keys().all(|pid| {
-                procs
-                    .iter()
-                    .find(|p| p.pid == *pid)
-                    .is_none_or(|p| p.zombie)
-            })
-        });
-        if idle {
-            r.forget(id);
+        if r.execs
+            .get(&id)
+            .is_some_and(|ex| lock(&ex.st).shepherd_status.is_some())
+        {
+            r.execs.remove(&id);
         }
     }
 
     // ---- reaping and tracking ----------------------------------------------------------
 
-    /// Waits for every child: roots' statuses go to their exec, orphans are just reaped.
+    /// Waits for every child: shepherds are marked gone on their exec, anything else (an
+    /// orphan of a shepherd that was killed) is just reaped.
     fn reaper(&'static self) {
         loop {
             let generation = lock(&self.reg).spawned;
@@ -1277,306 +1460,66 @@ impl Helper {
         }
     }
 
-    /// Reaps one exited child and hands a root's status to its exec.
+    /// Reaps one exited child. A shepherd's exit means none of its exec's processes is
+    /// left: its exec is forgotten if its `EXIT` went out, and a kill waiting for it ends.
     fn reap(&self, pid: i32) {
         let mut r = lock(&self.reg);
-        // Under the lock: a spawn in progress finishes (and registers its root) first, and
-        // a child std reaped itself (failed exec) is simply gone.
+        // Under the lock: a spawn in progress finishes (and registers its shepherd) first,
+        // and a child std reaped itself (failed exec) is simply gone.
         let Ok(Some(status)) = sys::reap(pid) else {
             return;
         };
-        let Some(id) = r.roots.remove(&pid) else {
+        let Some(id) = r.shepherds.remove(&pid) else {
             return;
         };
-        let now = now_ticks();
-        let ex = r.execs.get_mut(&id).map(|t| {
-            t.end = Some(now);
-            t.exec.clone()
-        });
-        drop(r);
-        if let Some(ex) = ex {
-            ex.reaped(status);
-        }
-    }
-
-    /// Re-reads `/proc` every `TRACK_INTERVAL_MS` while some exec runs.
-    fn tracker(&'static self) {
-        loop {
-            {
-                let mut r = lock(&self.reg);
-                while r.roots.is_empty() {
-                    r = wait(&self.reg_cv, r);
-                }
-            }
-            thread::sleep(Duration::from_millis(TRACK_INTERVAL_MS));
-            let procs = scan();
-            let mut r = lock(&self.reg);
-            self.update_tracking(&mut r, &procs);
-            let idle: Vec<u32> = r
-                .execs
-                .iter()
-                .filter(|(_, t)| t.pids.is_empty() && t.exec.is_done())
-                .map(|(id, _)| *id)
-                .collect();
-            for id in idle {
-                r.forget(id);
-            }
-        }
-    }
-
-    /// Records, per exec, every process descending from its root or its tracked processes.
-    /// An untracked orphan (re-parented to the helper) is attributed to an exec only when
-    /// exactly one exec lived when it started.
-    fn update_tracking(&self, r: &mut Registry, procs: &[Proc]) {
-        let index: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
-        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-        for p in procs {
-            children.entry(p.ppid).or_default().push(p.pid);
-        }
-        let Registry {
-            execs,
-            roots,
-            history,
-            ..
-        } = r;
-        for t in execs.values_mut() {
-            t.pids
-                .retain(|pid, start| index.get(pid).is_some_and(|p| p.start == *start));
-        }
-        let owned: HashSet<i32> = execs
-            .values()
-            .flat_map(|t| t.pids.keys().copied())
-            .chain(roots.keys().copied())
-            .collect();
-        for p in procs {
-            if p.ppid != self.pid || p.zombie || owned.contains(&p.pid) {
-                continue;
-            }
-            let lived =
-                |start: u64, end: Option<u64>| start <= p.start && end.is_none_or(|e| p.start <= e);
-            let mut hits = execs.iter().filter(|(_, t)| lived(t.start, t.end));
-            let (Some((&id, _)), None) = (hits.next(), hits.next()) else {
-                continue;
-            };
-            if history.iter().any(|&(s, e)| lived(s, Some(e))) {
-                continue;
-            }
-            if let Some(t) = execs.get_mut(&id) {
-                t.pids.insert(p.pid, p.start);
-            }
-        }
-        for t in execs.values_mut() {
-            let mut stack: Vec<i32> = t.pids.keys().copied().collect();
-            if roots.contains_key(&t.exec.root) {
-                stack.push(t.exec.root);
-            }
-            while let Some(pid) = stack.pop() {
-                for &c in children.get(&pid).map_or(&[][..], Vec::as_slice) {
-                    if c == self.pid || t.pids.contains_key(&c) {
-                        continue;
-                    }
-                    if let Some(p) = index.get(&c) {
-                        t.pids.insert(c, p.start);
-                        stack.push(c);
-                    }
-                }
-            }
+        let Some(ex) = r.execs.get(&id).cloned() else {
+            return;
+        };
+        let done = {
+            let mut st = lock(&ex.st);
+            st.shepherd_status = Some(status);
+            st.done
+        };
+        ex.cv.notify_all();
+        if done {
+            r.execs.remove(&id);
         }
     }
 
     // ---- kill --------------------------------------------------------------------------
 
-    /// Processes of `seeds`, of the markers, their groups and sessions, and descendants.
-    fn collect(
-        &self,
-        procs: &[Proc],
-        seeds: &HashSet<i32>,
-        markers: &[Vec<u8>],
-    ) -> HashMap<i32, u64> {
-        let pid1 = procs.iter().find(|p| p.pid == 1);
-        let excluded = |g: i32| {
-            g <= 1
-                || g == self.pgid
-                || g == self.sid
-                || g == self.pid
-                || pid1.is_some_and(|p| g == p.pgid || g == p.sid)
-        };
-        let mine = |pid: i32| pid <= 1 || pid == self.pid;
-        let mut set: HashMap<i32, u64> = procs
-            .iter()
-            .filter(|p| seeds.contains(&p.pid) && !mine(p.pid))
-            .map(|p| (p.pid, p.start))
-            .collect();
-        let needles: Vec<Vec<u8>> = markers
-            .iter()
-            .filter(|m| !m.is_empty())
-            .map(|m| [EXEC_ID_VAR, b"=", m].concat())
-            .collect();
-        if !needles.is_empty() {
-            for p in procs {
-                if !mine(p.pid) && !set.contains_key(&p.pid) && environ_matches(p.pid, &needles) {
-                    set.insert(p.pid, p.start);
-                }
-            }
-        }
-        let index: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
-        let groups: HashSet<i32> = set
-            .keys()
-            .filter_map(|pid| index.get(pid))
-            .map(|p| p.pgid)
-            .filter(|&g| !excluded(g))
-            .collect();
-        let sessions: HashSet<i32> = set
-            .keys()
-            .filter_map(|pid| index.get(pid))
-            .map(|p| p.sid)
-            .filter(|&s| !excluded(s))
-            .collect();
-        for p in procs {
-            if !mine(p.pid) && (groups.contains(&p.pgid) || sessions.contains(&p.sid)) {
-                set.insert(p.pid, p.start);
-            }
-        }
-        let mut children: HashMap<i32, Vec<&Proc>> = HashMap::new();
-        for p in procs {
-            children.entry(p.ppid).or_default().push(p);
-        }
-        let mut stack: Vec<i32> = set.keys().copied().collect();
-        while let Some(pid) = stack.pop() {
-            for c in children.get(&pid).map_or(&[][..], Vec::as_slice) {
-                if !mine(c.pid) && !set.contains_key(&c.pid) {
-                    set.insert(c.pid, c.start);
-                    stack.push(c.pid);
-                }
-            }
-        }
-        set
-    }
-
-    /// A fresh tracking pass, then the exec's collection (empty for an unknown id).
-    fn collect_exec(&self, id: u32) -> HashMap<i32, u64> {
-        let procs = scan();
-        let (seeds, marker) = {
-            let mut r = lock(&self.reg);
-            self.update_tracking(&mut r, &procs);
-            let Some(t) = r.execs.get(&id) else {
-                return HashMap::new();
-            };
-            let mut seeds: HashSet<i32> = t.pids.keys().copied().collect();
-            if r.roots.contains_key(&t.exec.root) {
-                seeds.insert(t.exec.root);
-            }
-            (seeds, t.exec.marker.clone())
-        };
-        self.collect(&procs, &seeds, &[marker])
-    }
-
-    /// Signals every live (non-zombie, same start time) process of `set`; how many.
-    fn signal_set(&self, set: &HashMap<i32, u64>, sig: i32) -> usize {
-        // Locked: no child of ours is reaped (so no pid of ours reused) meanwhile.
-        let _r = lock(&self.reg);
-        let mut buf = Vec::with_capacity(512);
-        let mut n = 0;
-        for (&pid, &start) in set {
-            if pid <= 1 || pid == self.pid {
-                continue;
-            }
-            if read_stat(pid, &mut buf).is_some_and(|p| p.start == start && !p.zombie)
-                && sys::signal(pid, sig)
-            {
-                n += 1;
-            }
-        }
-        n
-    }
-
-    /// How many processes of `set` are still alive (not zombies).
-    fn alive(&self, set: &HashMap<i32, u64>) -> usize {
-        let mut buf = Vec::with_capacity(512);
-        set.iter()
-            .filter(|&(&pid, &start)| {
-                read_stat(pid, &mut buf).is_some_and(|p| p.start == start && !p.zombie)
-            })
-            .count()
-    }
-
-    /// `KILL`: stop, collect again, TERM + CONT, grace, KILL; then `KILLED`.
+    /// `KILL`: the exec's shepherd kills its processes (stop, TERM + CONT, grace, KILL)
+    /// and exits once none is left; then `KILLED`.
     fn kill_exec(&'static self, id: u32) {
-        let mut set = self.collect_exec(id);
-        self.signal_set(&set, sys::SIGSTOP);
-        set.extend(self.collect_exec(id));
-        self.signal_set(&set, sys::SIGTERM);
-        self.signal_set(&set, sys::SIGCONT);
-        let deadline = Instant::now() + Duration::from_millis(KILL_GRACE_MS);
-        while self.alive(&set) > 0 && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(50));
-        }
-        for _ in 0..8 {
-            set.extend(self.collect_exec(id));
-            if self.signal_set(&set, sys::SIGKILL) == 0 {
-                break;
-            }
-            let until = Instant::now() + Duration::from_millis(500);
-            while self.alive(&set) > 0 && Instant::now() < until {
-                thread::sleep(Duration::from_millis(10));
-            }
-        }
-        {
-            let mut r = lock(&self.reg);
-            if let Some(t) = r.execs.get_mut(&id) {
-                t.pids.clear();
-                if t.exec.is_done() {
-                    r.forget(id);
-                }
+        if let Some(ex) = self.exec(id) {
+            ex.order_kill(false);
+            if !ex.wait_shepherd(Instant::now() + KILL_CONFIRM) {
+                diag(format_args!(
+                    "exec {id}: its processes are not all gone {KILL_CONFIRM:?} after the kill"
+                ));
             }
         }
         self.send_empty(KILLED, id);
     }
 
-    /// SIGKILLs the tree of every exec whose `EXIT` was not sent (stdin ended, the stream
-    /// or the protocol broke): the same collection as a `KILL`. Called with `stopping`
-    /// set, so no exec starts any more.
+    /// Has the shepherd of every exec whose `EXIT` was not sent kill its processes at
+    /// once (stdin ended, the stream or the protocol broke), and waits a little for them.
+    /// Called with `stopping` set, so no exec starts any more.
     fn kill_live_execs(&self) {
-        let (ids, markers): (Vec<u32>, Vec<Vec<u8>>) = {
+        let live: Vec<Arc<Exec>> = {
             let r = lock(&self.reg);
             r.execs
-                .iter()
-                .filter(|(_, t)| !t.exec.is_done())
-                .map(|(&id, t)| (id, t.exec.marker.clone()))
-                .unzip()
+                .values()
+                .filter(|ex| !ex.is_done())
+                .cloned()
+                .collect()
         };
-        if ids.is_empty() {
-            return;
+        for ex in &live {
+            ex.order_kill(true);
         }
-        let mut set: HashMap<i32, u64> = HashMap::new();
-        for round in 0..10 {
-            let procs = scan();
-            let seeds = {
-                let mut r = lock(&self.reg);
-                if round == 0 {
-                    // Still unreaped (the registry is locked): the pids are ours.
-                    for t in ids.iter().filter_map(|id| r.execs.get(id)) {
-                        if r.roots.contains_key(&t.exec.root) {
-                            sys::signal(-t.exec.root, sys::SIGKILL);
-                            sys::signal(t.exec.root, sys::SIGKILL);
-                        }
-                    }
-                }
-                self.update_tracking(&mut r, &procs);
-                let mut seeds: HashSet<i32> = HashSet::new();
-                for t in ids.iter().filter_map(|id| r.execs.get(id)) {
-                    seeds.extend(t.pids.keys().copied());
-                    if r.roots.contains_key(&t.exec.root) {
-                        seeds.insert(t.exec.root);
-                    }
-                }
-                seeds
-            };
-            set.extend(self.collect(&procs, &seeds, &markers));
-            if self.signal_set(&set, sys::SIGKILL) == 0 {
-                break;
-            }
-            thread::sleep(Duration::from_millis(20));
+        let deadline = Instant::now() + SHUTDOWN_KILL;
+        for ex in &live {
+            ex.wait_shepherd(deadline);
         }
     }
 
@@ -1611,13 +1554,15 @@ impl Helper {
                 Err(e) if !first && e.kind() == ErrorKind::NotFound => continue,
                 Err(e) => return Err(io_err(&e)),
             };
-            first = false;
+            let top = std::mem::replace(&mut first, false);
             let ft = md.file_type();
             if ft.is_dir() {
+                // A listing that fails partway is an error, never a shorter directory.
                 let mut names: Vec<OsString> = fs::read_dir(&abs)
                     .map_err(|e| io_err(&e))?
-                    .filter_map(|e| e.ok().map(|e| e.file_name()))
-                    .collect();
+                    .map(|e| e.map(|e| e.file_name()))
+                    .collect::<io::Result<_>>()
+                    .map_err(|e| io_err(&e))?;
                 send_entry(
                     self,
                     flow,
@@ -1645,6 +1590,9 @@ impl Helper {
                     .map_err(|e| io_err(&e))?;
                 let md = f.metadata().map_err(|e| io_err(&e))?;
                 if !md.is_file() {
+                    if top {
+                        return Err(not_a_file(&rel));
+                    }
                     continue;
                 }
                 let size = md.len();
@@ -1669,8 +1617,16 @@ impl Helper {
                         }
                     }
                     if eof {
-                        // The file shrank: pad with zeros to the announced size.
-                        buf[HEADER + got..HEADER + want].fill(0);
+                        // The file shrank while it was read: its `ENTRY` announced more
+                        // than there is. An error naming it, never zeros in its place.
+                        let read = size - left + got as u64;
+                        return Err(GetEnd::Failed(
+                            FileError::Other,
+                            rel.clone(),
+                            format!(
+                                "the file shrank while it was read ({read} of its {size} bytes)"
+                            ),
+                        ));
                     }
                     let frame = data_frame(&mut buf, STDOUT, id, want);
                     if !flow.send(self, frame, want as u64) {
@@ -1678,8 +1634,12 @@ impl Helper {
                     }
                     left -= want as u64;
                 }
+            } else if top {
+                // The path asked for is a fifo, socket or device: nothing to copy.
+                return Err(not_a_file(&rel));
             }
-            // Other types (fifo, socket, device) have no entry type: skipped.
+            // Below a directory, other types (fifo, socket, device) have no entry type:
+            // skipped, as a file removed before it was read.
         }
         Ok(())
     }
@@ -1701,6 +1661,15 @@ enum GetEnd {
     Failed(FileError, Vec<u8>, String),
     /// `DISCARD`: no frame at all.
     Discarded,
+}
+
+/// A `GET` of a fifo, socket or device.
+fn not_a_file(rel: &[u8]) -> GetEnd {
+    GetEnd::Failed(
+        FileError::Invalid,
+        rel.to_vec(),
+        "not a regular file, directory or symbolic link".to_string(),
+    )
 }
 
 /// Queues a `GET`'s `ENTRY` once the credit covers its payload.
@@ -1739,7 +1708,6 @@ struct Plan {
     cwd: Option<PathBuf>,
     /// The user to switch to in the child (the helper runs as root).
     switch: Option<Creds>,
-    marker: Vec<u8>,
 }
 
 /// How a stdin write ended.
@@ -2029,6 +1997,8 @@ impl PutFile {
     fn finish(self, root: bool) -> Result<(), PutError> {
         let e = &self.entry;
         let r = (|| {
+            // A hole at the end was seeked over, not written.
+            self.file.set_len(e.size)?;
             if root {
                 std::os::unix::fs::fchown(&self.file, Some(e.uid), Some(e.gid))?;
             }
@@ -2152,8 +2122,8 @@ impl Put {
                 "more data than the entry's size".into(),
             ));
         }
-        pf.file
-            .write_all(data)
+        let pos = pf.entry.size - pf.left;
+        write_sparse(&mut pf.file, pos, data)
             .map_err(|x| (file_error_kind(&x), pf.rel.clone(), x.to_string()))?;
         pf.left -= data.len() as u64;
         if let Some(pf) = self.file.take_if(|pf| pf.left == 0) {
@@ -2161,6 +2131,28 @@ impl Put {
         }
         Ok(())
     }
+}
+
+/// Writes `data` at offset `pos` of a new file (its current position), seeking over
+/// every whole [`HOLE_BLOCK`]-aligned block of zeros instead of writing it: a sparse
+/// file crosses as its full size but lands with holes again (`PutFile::finish` sets the
+/// length, for a hole at the end).
+fn write_sparse(file: &mut File, mut pos: u64, data: &[u8]) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut start = 0; // Of the run of data not written yet.
+    let mut at = 0;
+    while at < data.len() {
+        let n = ((HOLE_BLOCK - pos % HOLE_BLOCK) as usize).min(data.len() - at);
+        let piece = &data[at..at + n];
+        if n as u64 == HOLE_BLOCK && piece.iter().all(|b| *b == 0) {
+            file.write_all(&data[start..at])?;
+            file.seek(SeekFrom::Current(HOLE_BLOCK as i64))?;
+            start = at + n;
+        }
+        at += n;
+        pos += n as u64;
+    }
+    file.write_all(&data[start..])
 }
 
 /// `Err(IsDir)` if a directory is at `dest` (a file or symlink there is replaced).
@@ -2209,19 +2201,32 @@ impl Conn {
             let old = buf.len();
             buf.resize(old + READ_CHUNK, 0);
             match input.read(&mut buf[old..]) {
-                Ok(0) => h.shutdown(0),
+                Ok(0) => self.end(0),
                 Ok(n) => buf.truncate(old + n),
                 Err(e) if e.kind() == ErrorKind::Interrupted => buf.truncate(old),
-                Err(_) => h.shutdown(0),
+                Err(_) => self.end(0),
             }
         }
     }
 
+    /// The connection is over: a `PUT` cut short leaves no temporary file, then
+    /// [`Helper::shutdown`].
+    fn end(&mut self, code: i32) -> ! {
+        for (_, op) in self.files.drain() {
+            if let FileOp::Put(mut p) = op
+                && let Some(pf) = p.file.take()
+            {
+                pf.abandon();
+            }
+        }
+        self.h.shutdown(code)
+    }
+
     /// `PROTOCOL_ERROR`, kill the trees of the execs still running, exit 2.
-    fn protocol_error(&self, msg: &str) -> ! {
+    fn protocol_error(&mut self, msg: &str) -> ! {
         diag(format_args!("protocol error: {msg}"));
         self.h.send_protocol_error(msg);
-        self.h.shutdown(2)
+        self.end(2)
     }
 
     /// Dispatches one frame; `Err` is a protocol error.

@@ -782,7 +782,8 @@ fn kill_escaped_descendant(wait_before_orphaning: bool) {
     let script = format!(
         r#"( setsid sh -c 'echo $$; exec env -i sleep 1000' & {pause} ); echo orphaned; sleep 1000"#
     );
-    h.spawn(1, &sh(&script)).unwrap();
+    let root = h.spawn(1, &sh(&script)).unwrap();
+    let shepherd = stat_fields(root).unwrap().ppid;
     // Both lines, in either order.
     let lines = h.read_lines(1, 2);
     assert!(lines.iter().any(|l| l == "orphaned"), "{lines:?}");
@@ -803,7 +804,8 @@ fn kill_escaped_descendant(wait_before_orphaning: bool) {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(ppid, h.hello.pid, "re-parented to the helper");
+    assert_eq!(ppid, shepherd, "re-parented to the exec's shepherd");
+    assert_ne!(shepherd, h.hello.pid);
     h.send_empty(KILL, 1);
     let mut killed = false;
     let mut exited = false;
@@ -1044,8 +1046,8 @@ fn a_pids_limit_gives_typed_resource_errors() {
         return;
     }
     // RLIMIT_NPROC counts the tasks of a uid (a uid of its own per helper). The helper has
-    // 4 threads (main, writer, reaper, tracker); an exec takes a process and an output
-    // thread.
+    // 3 threads (main, writer, reaper); an exec takes its shepherd, its process and an
+    // output thread.
     let start_limited = |uid: u32, nproc: u32| {
         Helper::start_with(|c| {
             use std::os::unix::process::CommandExt;
@@ -1060,8 +1062,8 @@ fn a_pids_limit_gives_typed_resource_errors() {
     };
     let uid = 54000 + (std::process::id() % 1000) * 2;
 
-    // How many tasks the helper's own threads take varies a little with timing (the
-    // tracker runs only while execs do), so the limit is not counted exactly: execs are
+    // How many tasks the helper's own threads take varies a little with timing (kill
+    // threads come and go), so the limit is not counted exactly: execs are
     // started until the kernel refuses one, which must be a typed error, never a crash.
     let mut h = start_limited(uid, 8);
     let mut roots = Vec::new();
@@ -1383,8 +1385,7 @@ fn end_of_stdin_spares_background_processes_of_ended_execs() {
     let root = h.spawn(2, &sh("sleep 1000 & echo $!; sleep 1000")).unwrap();
     let pid: u32 = h.read_lines(2, 1)[0].parse().unwrap();
     let starts = [assert_alive(root), assert_alive(pid)];
-    // Let the tracker see both trees.
-    thread::sleep(Duration::from_millis(3 * TRACK_INTERVAL_MS));
+    thread::sleep(Duration::from_millis(300));
     let status = h.close();
     assert!(status.success(), "{status:?}");
     assert_gone(root, starts[0]);
@@ -1514,4 +1515,372 @@ fn stdin_is_read_while_stdout_is_blocked() {
         thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// Reads a GET's frames until its last one (`DONE` or `FILE_ERROR`), granting credit:
+/// the entries' paths, the data bytes, and the last frame.
+fn get_all(h: &mut Helper, id: u32) -> (Vec<String>, usize, Frame) {
+    let (mut paths, mut data) = (Vec::new(), 0);
+    loop {
+        let f = h.recv();
+        assert_eq!(f.id, id, "{f:?}");
+        match f.kind {
+            ENTRY => {
+                let e = Entry::decode(&mut Dec::new(&f.payload)).unwrap();
+                paths.push(String::from_utf8(e.path).unwrap());
+            }
+            STDOUT => {
+                data += f.payload.len();
+                h.send_u32(CREDIT, id, f.payload.len() as u32);
+            }
+            DONE | FILE_ERROR => return (paths, data, f),
+            k => panic!("unexpected frame kind {k}: {f:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_file_that_shrinks_while_it_is_read_fails_the_get_naming_it() {
+    let dir = TempDir::new();
+    let d = dir.path().join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("a"), "first").unwrap();
+    fs::write(d.join("big"), noise(8 * INITIAL_CREDIT as usize)).unwrap();
+    fs::write(d.join("z"), "last").unwrap();
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &d);
+    // Everything the initial credit allows, without granting more: the helper is in the
+    // middle of `big`.
+    let mut got = 0usize;
+    while got < INITIAL_CREDIT as usize {
+        let f = h.recv();
+        assert!(matches!(f.kind, ENTRY | STDOUT), "{f:?}");
+        got += f.payload.len();
+    }
+    fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("big"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    h.send_u32(CREDIT, 1, INITIAL_CREDIT);
+    let (paths, _, last) = get_all(&mut h, 1);
+    assert!(paths.is_empty(), "entries after the cut file: {paths:?}");
+    assert_eq!(file_error(&last), (FileError::Other, "d/big".to_string()));
+    let msg = String::from_utf8_lossy(&last.payload).into_owned();
+    assert!(msg.contains("shrank"), "{msg}");
+}
+
+#[test]
+fn a_fifo_asked_for_is_an_error_and_skipped_below_a_directory() {
+    let dir = TempDir::new();
+    let d = dir.path().join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("file"), "x").unwrap();
+    let fifo = d.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &fifo);
+    assert_eq!(
+        file_error(&h.recv()),
+        (FileError::Invalid, "fifo".to_string())
+    );
+    h.send_path(GET, 2, &d);
+    let (paths, data, last) = get_all(&mut h, 2);
+    assert_eq!(last.kind, DONE, "{last:?}");
+    assert_eq!(paths, ["d", "d/file"]);
+    assert_eq!(data, 1);
+}
+
+#[test]
+fn a_put_leaves_blocks_of_zeros_as_holes() {
+    let dir = TempDir::new();
+    let size = 8usize << 20;
+    let mut data = vec![0u8; size];
+    data[..5].copy_from_slice(b"start");
+    data[3 << 20..(3 << 20) + 3].copy_from_slice(b"mid");
+    // Unaligned data around a block boundary, then zeros to the end (a hole at the end).
+    data[(4 << 20) - 2..(4 << 20) + 2].copy_from_slice(b"edge");
+    let mut h = Helper::start();
+    h.send_path(PUT, 1, dir.path());
+    h.send_entry(1, &entry("sparse", REGULAR, 0o644, size as u64, ""));
+    // Chunks that do not line up with the hole blocks.
+    for c in data.chunks(CHUNK - 100) {
+        h.send_data(STDIN, 1, c);
+    }
+    h.send_empty(STDIN_EOF, 1);
+    assert_eq!(put_result(&mut h, 1).0.kind, DONE);
+    let path = dir.path().join("sparse");
+    assert_eq!(fs::read(&path).unwrap(), data);
+    let md = fs::metadata(&path).unwrap();
+    assert_eq!(md.len(), size as u64);
+    // A few blocks of data, not 8 MiB.
+    assert!(
+        md.blocks() * 512 < 1 << 20,
+        "{} bytes allocated for {size} bytes, mostly zeros",
+        md.blocks() * 512
+    );
+}
+
+#[test]
+fn a_put_cut_by_the_end_of_the_connection_leaves_no_temporary_file() {
+    let dir = TempDir::new();
+    let mut h = Helper::start();
+    h.send_path(PUT, 1, dir.path());
+    h.send_entry(1, &entry("whole", REGULAR, 0o644, 3, ""));
+    h.send_data(STDIN, 1, b"abc");
+    h.send_entry(1, &entry("cut", REGULAR, 0o644, 100_000, ""));
+    h.send_data(STDIN, 1, &noise(1000));
+    // Both acked: the temporary file of `cut` exists now.
+    let mut acked = 0;
+    while acked < 1003 {
+        let f = h.recv();
+        assert_eq!(f.kind, STDIN_ACK, "{f:?}");
+        acked += Dec::new(&f.payload).u32().unwrap() as usize;
+    }
+    let names = || -> Vec<String> {
+        let mut n: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names().len(), 2, "{:?}", names());
+    assert!(h.close().success());
+    assert_eq!(names(), ["whole"]);
+}
+
+// ---- shepherds -------------------------------------------------------------------------
+
+/// Fields of `/proc/<pid>/stat` the shepherd tests look at.
+#[derive(Debug, Clone, Copy)]
+struct Stat {
+    ppid: u32,
+    pgrp: u32,
+    sid: u32,
+}
+
+fn stat_fields(pid: u32) -> Option<Stat> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    Some(Stat {
+        ppid: f[1].parse().ok()?,
+        pgrp: f[2].parse().ok()?,
+        sid: f[3].parse().ok()?,
+    })
+}
+
+/// A process's command line, arguments separated by spaces.
+fn cmdline(pid: u32) -> String {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Waits until `cond` holds.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// KILL of a running exec, then its KILLED and EXIT (frames of other ids are skipped):
+/// the EXIT.
+fn kill_and_wait(h: &mut Helper, id: u32) -> (u8, i32) {
+    h.send_empty(KILL, id);
+    let (mut killed, mut exit) = (false, None);
+    while !killed || exit.is_none() {
+        let f = h.recv();
+        if f.id != id {
+            continue;
+        }
+        match f.kind {
+            KILLED => killed = true,
+            EXIT => {
+                let mut d = Dec::new(&f.payload);
+                exit = Some((d.u8().unwrap(), d.i32().unwrap()));
+            }
+            _ => {}
+        }
+    }
+    exit.unwrap()
+}
+
+#[test]
+fn every_exec_runs_under_a_shepherd_in_a_session_of_its_own() {
+    let mut h = Helper::start();
+    let helper = stat_fields(h.hello.pid).unwrap();
+    let a = h.spawn(1, &spawn_of(&["sleep", "1000"])).unwrap();
+    let b = h.spawn(2, &spawn_of(&["sleep", "1000"])).unwrap();
+    let (sa, sb) = (stat_fields(a).unwrap(), stat_fields(b).unwrap());
+    for (root, st) in [(a, sa), (b, sb)] {
+        let shepherd = stat_fields(st.ppid).unwrap();
+        assert_ne!(
+            st.ppid, h.hello.pid,
+            "the command is not the helper's child"
+        );
+        assert_eq!(
+            shepherd.ppid, h.hello.pid,
+            "the shepherd is the helper's child"
+        );
+        assert_eq!(shepherd.sid, st.ppid, "the shepherd leads a session");
+        assert_eq!(st.sid, st.ppid, "the command is in its shepherd's session");
+        assert_eq!(st.pgrp, root, "the command leads a process group");
+        assert_ne!(st.sid, helper.sid);
+        let line = cmdline(st.ppid);
+        assert!(line.starts_with("runcell-shepherd "), "{line}");
+    }
+    assert_ne!(sa.sid, sb.sid, "two execs share a session");
+    // The command starts with no signal blocked (the shepherd blocks SIGCHLD for itself).
+    let o = h.run(3, &sh("grep SigBlk /proc/self/status"));
+    assert_eq!(
+        o.text().split_whitespace().nth(1),
+        Some("0000000000000000"),
+        "{}",
+        o.text()
+    );
+    assert_eq!(kill_and_wait(&mut h, 1).0, SIGNALED);
+    assert_eq!(kill_and_wait(&mut h, 2).0, SIGNALED);
+}
+
+#[test]
+fn an_escaped_daemon_is_killed_while_another_exec_runs() {
+    let mut h = Helper::start();
+    // Another exec runs all along: one subreaper for every exec could not tell whose
+    // orphan the daemon is.
+    let other = h.spawn(1, &spawn_of(&["sleep", "1000"])).unwrap();
+    let other_start = assert_alive(other);
+    // Double fork, a new session, an empty environment, its parent gone.
+    let root = h
+        .spawn(
+            2,
+            &sh("(setsid sh -c 'echo $$; exec env -i sleep 1001' &); echo forked; exec sleep 1002"),
+        )
+        .unwrap();
+    let shepherd = stat_fields(root).unwrap().ppid;
+    let shepherd_start = assert_alive(shepherd);
+    let lines = h.read_lines(2, 2);
+    let daemon: u32 = lines.iter().find_map(|l| l.parse().ok()).unwrap();
+    eventually(
+        "the daemon runs, orphaned, with an empty environment",
+        || {
+            stat_fields(daemon).is_some_and(|s| s.ppid == shepherd && s.sid == daemon)
+                && fs::read(format!("/proc/{daemon}/environ")).is_ok_and(|e| e.is_empty())
+                && cmdline(daemon).starts_with("sleep 1001")
+        },
+    );
+    let start = assert_alive(daemon);
+    assert_eq!(kill_and_wait(&mut h, 2).0, SIGNALED);
+    assert_gone(daemon, start);
+    assert_gone(shepherd, shepherd_start);
+    assert_eq!(
+        assert_alive(other),
+        other_start,
+        "the other exec was killed"
+    );
+    assert_eq!(kill_and_wait(&mut h, 1).0, SIGNALED);
+}
+
+#[test]
+fn a_shepherd_stays_while_background_processes_live_then_exits() {
+    let mut h = Helper::start();
+    let o = h.run(1, &sh("sleep 1 >/dev/null 2>&1 & echo $!"));
+    assert_eq!(o.exit, (EXITED, 0));
+    let bg: u32 = o.text().trim().parse().unwrap();
+    // Its parent exited: the background process is its shepherd's now.
+    let shepherd = stat_fields(bg).unwrap().ppid;
+    assert!(cmdline(shepherd).starts_with("runcell-shepherd "));
+    assert_eq!(stat_fields(shepherd).unwrap().ppid, h.hello.pid);
+    let start = assert_alive(shepherd);
+    // Gone once the last process of its exec is, and the helper forgot the exec.
+    assert_gone(shepherd, start);
+    eventually("the shepherd was reaped", || proc_stat(shepherd).is_none());
+    h.send_empty(KILL, 1);
+    let f = h.recv();
+    assert_eq!((f.kind, f.id), (KILLED, 1));
+}
+
+#[test]
+fn a_killed_shepherd_ends_its_exec_as_signaled_and_takes_its_session() {
+    let mut h = Helper::start();
+    let root = h.spawn(1, &sh("sleep 1000 & echo $!; wait")).unwrap();
+    let bg: u32 = h.read_lines(1, 1)[0].parse().unwrap();
+    let shepherd = stat_fields(root).unwrap().ppid;
+    let starts = (assert_alive(root), assert_alive(bg));
+    let killed = Command::new("kill")
+        .args(["-9", &shepherd.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let o = h.wait_exit(1);
+    assert_eq!(o.exit, (SIGNALED, 9));
+    assert_gone(root, starts.0);
+    assert_gone(bg, starts.1);
+    assert_eq!(h.run(2, &sh("echo ok")).text(), "ok\n");
+}
+
+/// The pids of the processes whose `/proc/<pid>` belongs to `uid`.
+fn processes_of(uid: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid)
+                && proc_stat(*pid).is_some_and(|(state, _)| state != 'Z')
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_fork_bomb_under_a_pids_limit_is_killed_by_its_shepherd() {
+    if !is_root() || !Path::new("/usr/bin/prlimit").exists() {
+        eprintln!("skipped: needs root and prlimit");
+        return;
+    }
+    let uid = 57000 + (std::process::id() % 1000) * 2;
+    let mut h = Helper::start_with(|c| {
+        use std::os::unix::process::CommandExt;
+        let mut p = Command::new("/usr/bin/prlimit");
+        p.arg("--nproc=48").arg("--").arg(BIN);
+        p.uid(uid).gid(uid).current_dir("/");
+        std::mem::swap(c, &mut p);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+    });
+    let other = h.spawn(1, &spawn_of(&["sleep", "1000"])).unwrap();
+    let other_start = assert_alive(other);
+    let other_shepherd = stat_fields(other).unwrap().ppid;
+    let idle = processes_of(uid);
+    // Forks until the kernel refuses (the shell then exits, its children orphaned to
+    // the shepherd): no process slot is left for anything new.
+    let o = h.run(2, &sh("while :; do sleep 1000 & done"));
+    assert_ne!(o.exit, (EXITED, 0));
+    let full = processes_of(uid).len();
+    assert!(full > 30, "{full} processes");
+    // The kill needs no new process: the shepherd is there already.
+    let t = Instant::now();
+    h.send_empty(KILL, 2);
+    let f = h.recv();
+    assert_eq!((f.kind, f.id), (KILLED, 2));
+    eprintln!("{full} processes, killed in {:?}", t.elapsed());
+    eventually("only the helper and the other exec are left", || {
+        processes_of(uid) == idle
+    });
+    assert_eq!(
+        assert_alive(other),
+        other_start,
+        "the other exec was killed"
+    );
+    assert!(idle.contains(&other_shepherd));
+    assert_eq!(h.run(4, &spawn_of(&["true"])).exit, (EXITED, 0));
+    assert_eq!(kill_and_wait(&mut h, 1).0, SIGNALED);
 }

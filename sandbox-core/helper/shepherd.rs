@@ -1,0 +1,485 @@
+//! The shepherd: one tiny process per exec, the only thing that tracks and kills that
+//! exec's processes.
+//!
+//! The helper starts it for every `SPAWN` by running its own executable again
+//! (`/proc/self/exe`, argv `runcell-shepherd --runcell-shepherd <fd>`): a fresh,
+//! single-threaded process, so nothing of the multithreaded helper is inherited and no
+//! code runs between a fork and an exec there. Its stdin, stdout and stderr are the exec's
+//! (a pipe or `/dev/null`, and the two output pipes); `<fd>` is its end of a unix socket
+//! pair, the control channel to the helper.
+//!
+//! The shepherd makes itself non-dumpable and a child subreaper, and starts a session of
+//! its own. It then reads one [`PLAN`] (program, argv, environment, working directory,
+//! user: resolved by the helper), starts the command as its child in its own process
+//! group (so in the shepherd's session) with the user switch, answers [`STARTED`] (the
+//! command's pid) or [`FAILED`] (a typed spawn error), and lets go of the exec's pipes.
+//! From then on it reaps every child: the command's real wait status goes to the helper
+//! as [`STATUS`]; orphans of the exec (a daemon that double-forked, left the session,
+//! cleared its environment) are re-parented to the shepherd, since it is their nearest
+//! subreaper, and reaped by it. It stays while any of them lives (background processes
+//! outlive their exec's root) and exits once it has no child left.
+//!
+//! So the exec's processes are exactly the shepherd's descendants, which none of them
+//! can leave: a kill ([`KILL_TREE`], or the end of the control channel before the
+//! command's status was sent, i.e. the helper died) walks `/proc` parent links from the
+//! shepherd's pid, SIGSTOPs every process found, walks again until nothing new appears,
+//! then (a graceful kill) sends SIGTERM and SIGCONT and waits [`KILL_GRACE_MS`], and
+//! finally stops and SIGKILLs whatever is left until nothing is. A process is signalled
+//! through a pidfd opened and then checked against the start time the walk saw, so a pid
+//! reused meanwhile by another exec's process is never signalled. Process groups,
+//! sessions and environment markers play no part: a process of another exec is never
+//! this shepherd's descendant, whatever it does (its own session already keeps it out of
+//! this exec's process groups), and a process of this exec cannot stop being one.
+//!
+//! A kill needs no new process or thread (the shepherd exists from the exec's start), so
+//! it works under a pids limit exhausted by a fork bomb.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::proto::{Dec, Enc, KILL_GRACE_MS};
+use crate::{Creds, Proc, diag, read_stat, scan, spawn_error_kind, sys};
+
+/// `argv[1]` that starts the helper's executable as a shepherd (`argv[2]`: the fd).
+pub const MODE_ARG: &str = "--runcell-shepherd";
+/// `argv[0]` of a shepherd (what `ps` shows).
+pub const NAME: &str = "runcell-shepherd";
+
+// Control frames (the helper protocol's framing, id 0), helper → shepherd.
+/// What to start: [`plan_frame`].
+pub const PLAN: u8 = 1;
+/// Kill every descendant; u8: 0 graceful (TERM, grace, KILL), 1 at once (KILL).
+pub const KILL_TREE: u8 = 2;
+// Shepherd → helper.
+/// u32: the command's pid.
+pub const STARTED: u8 = 65;
+/// `SpawnError` u8 + message: the command did not start (the shepherd exits).
+pub const FAILED: u8 = 66;
+/// i32: the command's raw wait status.
+pub const STATUS: u8 = 69;
+
+/// Largest control frame accepted (a `PLAN` of the largest `SPAWN` plus the run's env).
+const MAX_CONTROL: usize = 64 << 20;
+/// Rounds of stop-and-walk before a set is taken as complete (a process forks at most
+/// once per round before it is stopped).
+const FREEZE_ROUNDS: usize = 64;
+/// How long the final SIGKILL phase keeps trying.
+const KILL_PHASE: Duration = Duration::from_millis(1500);
+
+/// The `PLAN` frame for a command.
+pub fn plan_frame(
+    program: &Path,
+    argv: &[Vec<u8>],
+    env: &[(OsString, OsString)],
+    cwd: Option<&Path>,
+    user: Option<&Creds>,
+) -> Vec<u8> {
+    let mut e = Enc::frame(PLAN, 0);
+    e.bytes(program.as_os_str().as_bytes()).list(argv);
+    e.u32(env.len() as u32);
+    for (k, v) in env {
+        e.bytes(k.as_bytes()).bytes(v.as_bytes());
+    }
+    e.opt(cwd.map(|d| d.as_os_str().as_bytes()));
+    match user {
+        Some(c) => {
+            e.u8(1).u32(c.uid).u32(c.gid).u32(c.groups.len() as u32);
+            for g in &c.groups {
+                e.u32(*g);
+            }
+        }
+        None => {
+            e.u8(0);
+        }
+    }
+    e.finish()
+}
+
+/// A `KILL_TREE` frame.
+pub fn kill_frame(immediate: bool) -> Vec<u8> {
+    let mut e = Enc::frame(KILL_TREE, 0);
+    e.u8(u8::from(immediate));
+    e.finish()
+}
+
+/// Reads one whole control frame (blocking; the stream's timeouts apply): kind and
+/// payload. `Ok(None)` at a clean end of the stream.
+pub fn read_frame(s: &mut UnixStream) -> io::Result<Option<(u8, Vec<u8>)>> {
+    let mut len = [0u8; 4];
+    match s.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if !(5..=MAX_CONTROL).contains(&len) {
+        return Err(io::Error::new(ErrorKind::InvalidData, "bad control frame"));
+    }
+    let mut rest = vec![0u8; len];
+    s.read_exact(&mut rest)?;
+    let kind = rest[0];
+    rest.drain(..5);
+    Ok(Some((kind, rest)))
+}
+
+/// Splits whole frames off `buf` (what the helper's output thread read so far).
+pub fn split_frames(buf: &mut Vec<u8>) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while buf.len() - at >= 4 {
+        let len = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap_or([0; 4])) as usize;
+        if len < 5 || buf.len() - at < 4 + len {
+            break;
+        }
+        out.push((buf[at + 4], buf[at + 9..at + 4 + len].to_vec()));
+        at += 4 + len;
+    }
+    buf.drain(..at);
+    out
+}
+
+/// Signals one process found by a walk, unless its pid now names another process:
+/// through a pidfd opened first and then checked against the start time the walk saw
+/// (`kill` after the same check where the kernel has no pidfds). True if sent.
+pub fn signal_checked(pid: i32, start: u64, sig: i32) -> bool {
+    if pid <= 1 {
+        return false;
+    }
+    let mut buf = Vec::with_capacity(512);
+    let same = |buf: &mut Vec<u8>| read_stat(pid, buf).is_some_and(|p| p.start == start);
+    match sys::pidfd_open(pid) {
+        Ok(fd) => same(&mut buf) && sys::pidfd_signal(&fd, sig),
+        Err(e) if e.raw_os_error() == Some(crate::ENOSYS) => {
+            same(&mut buf) && sys::signal(pid, sig)
+        }
+        Err(_) => false,
+    }
+}
+
+/// The live (non-zombie) descendants of `root` in `procs`: pid → start time.
+pub fn descendants(procs: &[Proc], root: i32) -> HashMap<i32, u64> {
+    let mut children: HashMap<i32, Vec<&Proc>> = HashMap::new();
+    for p in procs {
+        children.entry(p.ppid).or_default().push(p);
+    }
+    let mut found = HashMap::new();
+    let mut stack = vec![root];
+    while let Some(pid) = stack.pop() {
+        for c in children.get(&pid).map_or(&[][..], Vec::as_slice) {
+            if c.pid == root || c.pid <= 1 {
+                continue;
+            }
+            stack.push(c.pid);
+            if !c.zombie {
+                found.insert(c.pid, c.start);
+            }
+        }
+    }
+    found
+}
+
+/// What the helper asked for.
+struct Order {
+    program: PathBuf,
+    argv: Vec<Vec<u8>>,
+    env: Vec<(OsString, OsString)>,
+    cwd: Option<PathBuf>,
+    user: Option<(u32, u32, Vec<u32>)>,
+}
+
+impl Order {
+    fn decode(payload: &[u8]) -> Option<Order> {
+        let mut d = Dec::new(payload);
+        let program = PathBuf::from(OsStr::from_bytes(d.bytes().ok()?));
+        let argv = d.list().ok()?;
+        let n = d.u32().ok()? as usize;
+        let mut env = Vec::with_capacity(n.min(4096));
+        for _ in 0..n {
+            let k = OsString::from_vec(d.bytes().ok()?.to_vec());
+            let v = OsString::from_vec(d.bytes().ok()?.to_vec());
+            env.push((k, v));
+        }
+        let cwd = d.opt().ok()?.map(|c| PathBuf::from(OsString::from_vec(c)));
+        let user = match d.u8().ok()? {
+            0 => None,
+            _ => {
+                let (uid, gid) = (d.u32().ok()?, d.u32().ok()?);
+                let n = d.u32().ok()? as usize;
+                let groups = (0..n.min(65536))
+                    .map(|_| d.u32())
+                    .collect::<Result<Vec<u32>, _>>()
+                    .ok()?;
+                Some((uid, gid, groups))
+            }
+        };
+        (!argv.is_empty()).then_some(Order {
+            program,
+            argv,
+            env,
+            cwd,
+            user,
+        })
+    }
+}
+
+/// The shepherd's entry point (`fd`: `argv[2]`). Never returns.
+pub fn main(fd: Option<OsString>) -> ! {
+    let fd: Option<RawFd> = fd.and_then(|f| f.to_str().and_then(|s| s.parse().ok()));
+    let Some(ctl) = fd.and_then(sys::inherited_fd) else {
+        diag(format_args!("shepherd: no control descriptor"));
+        std::process::exit(2);
+    };
+    match start(ctl) {
+        Ok(Some(mut s)) => s.run(),
+        Ok(None) => std::process::exit(0),
+        Err(e) => {
+            diag(format_args!("shepherd: {e}"));
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Sets the shepherd up, reads the plan, starts the command. `None`: it did not start
+/// (the helper was told why).
+fn start(ctl: OwnedFd) -> io::Result<Option<Shepherd>> {
+    sys::set_cloexec(ctl.as_raw_fd(), true)?;
+    let mut ctl = UnixStream::from(ctl);
+    let _ = sys::set_not_dumpable();
+    sys::set_child_subreaper()?;
+    sys::new_session()?;
+    // Before any child exists: no exit can be missed.
+    let sigchld = sys::sigchld_fd()?;
+    let Some((PLAN, payload)) = read_frame(&mut ctl)? else {
+        return Ok(None);
+    };
+    let Some(mut order) = Order::decode(&payload) else {
+        return Err(io::Error::new(ErrorKind::InvalidData, "bad plan"));
+    };
+    drop(payload);
+    let mut cmd = Command::new(&order.program);
+    cmd.arg0(OsStr::from_bytes(&order.argv[0]))
+        .args(order.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
+        .env_clear()
+        .envs(order.env.iter().map(|(k, v)| (k, v)))
+        .process_group(0);
+    if let Some(d) = &order.cwd {
+        cmd.current_dir(d);
+    }
+    let switching = order.user.is_some();
+    if let Some((uid, gid, groups)) = order.user.take() {
+        sys::switch_user(&mut cmd, uid, gid, groups);
+    }
+    let root = match cmd.spawn() {
+        Ok(child) => child.id() as i32, // Never waited on by std: reaped below.
+        Err(e) => {
+            let mut f = Enc::frame(FAILED, 0);
+            let msg = format!("{}: {e}", String::from_utf8_lossy(&order.argv[0]));
+            f.u8(spawn_error_kind(&e, switching) as u8)
+                .bytes(msg.as_bytes());
+            let _ = ctl.write_all(&f.finish());
+            return Ok(None);
+        }
+    };
+    drop(cmd);
+    drop(order);
+    let mut f = Enc::frame(STARTED, 0);
+    f.u32(root as u32);
+    let told = ctl.write_all(&f.finish()).is_ok();
+    // The exec's pipes are the command's alone from now on: their EOF is its business.
+    let _ = sys::stdio_to_null();
+    let _ = sys::set_nonblocking(ctl.as_raw_fd());
+    Ok(Some(Shepherd {
+        pid: std::process::id() as i32,
+        ctl,
+        ctl_open: told,
+        sigchld: File::from(sigchld),
+        root,
+        reported: false,
+        inbox: Vec::with_capacity(64),
+    }))
+}
+
+/// A running shepherd.
+struct Shepherd {
+    pid: i32,
+    ctl: UnixStream,
+    /// The helper's end is still open.
+    ctl_open: bool,
+    /// Readable when a child changed state (SIGCHLD, blocked).
+    sigchld: File,
+    /// The command.
+    root: i32,
+    /// `STATUS` was sent (or could not be: the helper is gone).
+    reported: bool,
+    /// Control bytes read, not yet a whole frame.
+    inbox: Vec<u8>,
+}
+
+impl Shepherd {
+    /// Reaps, obeys, and exits once no descendant is left.
+    fn run(&mut self) -> ! {
+        loop {
+            if !self.reap_all() {
+                std::process::exit(0);
+            }
+            let mut fds = [
+                sys::PollFd {
+                    fd: self.sigchld.as_raw_fd(),
+                    events: sys::POLLIN,
+                    revents: 0,
+                },
+                sys::PollFd {
+                    fd: self.ctl.as_raw_fd(),
+                    events: sys::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let n = if self.ctl_open { 2 } else { 1 };
+            // The timeout only guards against a lost wake-up.
+            if sys::poll_fds(&mut fds[..n], 5000).is_err() {
+                thread::sleep(Duration::from_millis(10));
+            }
+            if fds[0].revents != 0 {
+                let mut b = [0u8; 128 * 4];
+                let _ = self.sigchld.read(&mut b);
+            }
+            if n == 2 && fds[1].revents != 0 {
+                self.read_control();
+            }
+        }
+    }
+
+    /// Reaps every exited child, sending the command's status. False once the shepherd
+    /// has no child at all (and the command's status went out).
+    fn reap_all(&mut self) -> bool {
+        loop {
+            match sys::reap_any() {
+                Ok(Some((pid, status))) => {
+                    if pid == self.root && !self.reported {
+                        self.reported = true;
+                        let mut f = Enc::frame(STATUS, 0);
+                        f.u32(status as u32);
+                        self.send(&f.finish());
+                    }
+                }
+                Ok(None) => return true,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(crate::ECHILD) => return !self.reported,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// Writes a small frame to the helper (the socket is non-blocking: a helper that
+    /// reads nothing any more loses it).
+    fn send(&mut self, frame: &[u8]) {
+        if self.ctl_open && (&self.ctl).write_all(frame).is_err() {
+            // Gone, or not reading: either way nobody waits for it.
+        }
+    }
+
+    /// Reads what the helper sent; its end of the channel closing before the command's
+    /// status went out means the helper died: the exec's processes are killed at once.
+    fn read_control(&mut self) {
+        let mut buf = [0u8; 256];
+        loop {
+            match (&self.ctl).read(&mut buf) {
+                Ok(0) => {
+                    self.ctl_open = false;
+                    if !self.reported {
+                        self.kill_tree(true);
+                    }
+                    return;
+                }
+                Ok(n) => self.inbox.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    self.ctl_open = false;
+                    return;
+                }
+            }
+        }
+        for (kind, payload) in split_frames(&mut self.inbox) {
+            if kind == KILL_TREE {
+                self.kill_tree(payload.first().is_some_and(|&m| m != 0));
+            }
+        }
+    }
+
+    /// The live descendants, now.
+    fn tree(&self) -> HashMap<i32, u64> {
+        descendants(&scan(), self.pid)
+    }
+
+    /// SIGSTOPs every descendant, walking again until a walk finds nothing new; adds
+    /// them to `set`.
+    fn freeze(&self, set: &mut HashMap<i32, u64>) {
+        for _ in 0..FREEZE_ROUNDS {
+            let mut new = false;
+            for (pid, start) in self.tree() {
+                if set.insert(pid, start).is_none() {
+                    new = true;
+                    signal_checked(pid, start, sys::SIGSTOP);
+                }
+            }
+            if !new {
+                return;
+            }
+        }
+    }
+
+    /// Kills every descendant: stopped first (nothing forks meanwhile), then, unless
+    /// `immediate`, TERM + CONT and up to [`KILL_GRACE_MS`] to exit; then KILL until none
+    /// is left (bounded: a process the shepherd may not signal stays).
+    fn kill_tree(&mut self, immediate: bool) {
+        let mut set = HashMap::new();
+        self.freeze(&mut set);
+        if !immediate && !set.is_empty() {
+            for (&pid, &start) in &set {
+                signal_checked(pid, start, sys::SIGTERM);
+            }
+            for (&pid, &start) in &set {
+                signal_checked(pid, start, sys::SIGCONT);
+            }
+            let grace = Instant::now() + Duration::from_millis(KILL_GRACE_MS);
+            while Instant::now() < grace {
+                self.reap_all();
+                if self.tree().is_empty() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let until = Instant::now() + KILL_PHASE;
+        loop {
+            let mut set = HashMap::new();
+            self.freeze(&mut set);
+            if set.is_empty() {
+                return;
+            }
+            for (&pid, &start) in &set {
+                signal_checked(pid, start, sys::SIGKILL);
+            }
+            self.reap_all();
+            if Instant::now() >= until {
+                diag(format_args!(
+                    "shepherd: {} processes survived the kill",
+                    set.len()
+                ));
+                return;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
