@@ -40,8 +40,7 @@ pub fn driver_config(
 fn read_file(path: &Path, driver: &str) -> Result<BTreeMap<String, String>, Failure> {
     let at = |line: usize| format!("{}:{line}", path.display());
     let format = Format::of(path).map_err(Failure::usage)?;
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::usage(format!("--config-file {}: {e}", path.display())))?;
+    let text = doc::read(path).map_err(|e| Failure::usage(format!("--config-file {e}")))?;
     let root = doc::parse(&text, format)
         .map_err(|e| Failure::usage(format!("{}: {}", at(e.line.unwrap_or(0)), e.message)))?;
     let Kind::Map(tables) = &root.kind else {

@@ -7,6 +7,46 @@ use std::path::Path;
 
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
+/// The largest document read: a spec or config file is written by hand, and a bigger one
+/// is a mistake or an attack, refused before it is parsed.
+pub const MAX_DOCUMENT_BYTES: u64 = 1 << 20;
+/// How deep maps and lists may nest.
+pub const MAX_DEPTH: usize = 64;
+/// How many values a document may hold once YAML aliases are expanded (an alias bomb of
+/// 1 KiB expands to billions).
+pub const MAX_NODES: usize = 100_000;
+/// The name of a newtype struct that takes any scalar as its text as written (`8080`,
+/// `true`, `1.10`): for fields where a hand-written file means the text, such as env values
+/// in a map. Every other string field takes strings only.
+pub const SCALAR_TEXT: &str = "$doc::ScalarText";
+
+/// Reads a document, refusing one over [`MAX_DOCUMENT_BYTES`] before reading it whole.
+pub fn read(path: &Path) -> Result<String, String> {
+    read_at_most(
+        path,
+        MAX_DOCUMENT_BYTES,
+        "a spec or config file is written by hand",
+    )
+}
+
+/// Reads a text file of at most `cap` bytes; a larger one (or one that grows, or a
+/// device) is refused after `cap + 1` bytes, saying `why` the bound is what it is.
+pub fn read_at_most(path: &Path, cap: u64, why: &str) -> Result<String, String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(cap + 1).read_to_string(&mut text))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > cap {
+        return Err(format!(
+            "{}: larger than {} KiB; {why}",
+            path.display(),
+            cap >> 10
+        ));
+    }
+    Ok(text)
+}
+
 /// One value of a document, with the line (1-based; 0 when unknown) it starts on.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -14,7 +54,8 @@ pub struct Node {
     pub kind: Kind,
 }
 
-/// What a node is. Scalars keep their text, so a string field accepts `8080` or `true`.
+/// What a node is. Scalars keep their text as written: a field that takes a scalar's text
+/// (see [`SCALAR_TEXT`]) gets `8080`, not `8080.0`; a string field takes strings only.
 #[derive(Debug, Clone)]
 pub enum Kind {
     Null,
@@ -88,9 +129,15 @@ pub struct ParseError {
 
 /// Parses a whole document.
 pub fn parse(text: &str, format: Format) -> Result<Node, ParseError> {
-    match format {
-        Format::Yaml => parse_yaml(text),
-        Format::Toml => parse_toml(text),
+    if text.len() as u64 > MAX_DOCUMENT_BYTES {
+        return Err(ParseError {
+            line: None,
+            message: format!("larger than {} KiB", MAX_DOCUMENT_BYTES >> 10),
+        });
+    }
+    let root = match format {
+        Format::Yaml => parse_yaml(text)?,
+        Format::Toml => parse_toml(text)?,
         Format::Json => {
             // serde_json for the syntax (its errors are precise), the YAML parser for the
             // lines of the nodes (JSON is YAML); a JSON text the YAML parser refuses still
@@ -99,9 +146,42 @@ pub fn parse(text: &str, format: Format) -> Result<Node, ParseError> {
                 line: Some(e.line()),
                 message: e.to_string(),
             })?;
-            Ok(parse_yaml(text).unwrap_or_else(|_| from_json(&value)))
+            parse_yaml(text).unwrap_or_else(|_| from_json(&value))
         }
+    };
+    check_bounds(&root)?;
+    Ok(root)
+}
+
+/// Refuses a tree deeper than [`MAX_DEPTH`] or larger than [`MAX_NODES`] (the YAML builder
+/// stops at them while building; the other parsers are checked here), without recursion.
+fn check_bounds(root: &Node) -> Result<(), ParseError> {
+    let mut pending = vec![(root, 0usize)];
+    let mut count = 0usize;
+    while let Some((node, depth)) = pending.pop() {
+        count += 1;
+        let error = if depth > MAX_DEPTH {
+            format!("maps and lists nest deeper than {MAX_DEPTH}")
+        } else if count > MAX_NODES {
+            format!("more than {MAX_NODES} values")
+        } else {
+            match &node.kind {
+                Kind::Seq(items) => pending.extend(items.iter().map(|n| (n, depth + 1))),
+                Kind::Map(entries) => pending.extend(
+                    entries
+                        .iter()
+                        .flat_map(|(k, v)| [(k, depth + 1), (v, depth + 1)]),
+                ),
+                _ => {}
+            }
+            continue;
+        };
+        return Err(ParseError {
+            line: (node.line > 0).then_some(node.line),
+            message: error,
+        });
     }
+    Ok(())
 }
 
 fn from_json(v: &serde_json::Value) -> Node {
@@ -149,19 +229,24 @@ fn parse_yaml(text: &str) -> Result<Node, ParseError> {
 
 #[derive(Default)]
 struct YamlBuilder {
-    /// Open containers: the node, its anchor, and a key waiting for its value.
-    stack: Vec<(Node, usize, Option<Node>)>,
-    anchors: std::collections::HashMap<usize, Node>,
+    /// Open maps and lists: the node, its anchor, a pending key, and how many values the
+    /// node holds so far (itself included).
+    stack: Vec<(Node, usize, Option<Node>, usize)>,
+    /// Anchored values, with how many values each holds.
+    anchors: std::collections::HashMap<usize, (Node, usize)>,
     root: Option<Node>,
+    /// Values so far, aliases counted as expanded.
+    nodes: usize,
     error: Option<String>,
 }
 
 impl YamlBuilder {
-    fn insert(&mut self, node: Node) {
-        let Some((parent, _, key)) = self.stack.last_mut() else {
+    fn insert(&mut self, node: Node, size: usize) {
+        let Some((parent, _, key, parent_size)) = self.stack.last_mut() else {
             self.root.get_or_insert(node);
             return;
         };
+        *parent_size += size;
         match &mut parent.kind {
             Kind::Seq(items) => items.push(node),
             Kind::Map(entries) => match key.take() {
@@ -172,10 +257,22 @@ impl YamlBuilder {
         }
     }
 
-    fn anchor(&mut self, id: usize, node: &Node) {
+    fn anchor(&mut self, id: usize, node: &Node, size: usize) {
         if id != 0 {
-            self.anchors.insert(id, node.clone());
+            self.anchors.insert(id, (node.clone(), size));
         }
+    }
+
+    /// Counts `size` more values; false (with the error set) past [`MAX_NODES`].
+    fn admit(&mut self, size: usize, line: usize) -> bool {
+        self.nodes = self.nodes.saturating_add(size);
+        if self.nodes > MAX_NODES {
+            self.error.get_or_insert(format!(
+                "line {line}: more than {MAX_NODES} values (with aliases expanded)"
+            ));
+            return false;
+        }
+        true
     }
 }
 
@@ -200,34 +297,57 @@ fn yaml_scalar(value: String, style: yaml_rust2::scanner::TScalarStyle, tagged: 
 impl yaml_rust2::parser::MarkedEventReceiver for YamlBuilder {
     fn on_event(&mut self, ev: yaml_rust2::parser::Event, mark: yaml_rust2::scanner::Marker) {
         use yaml_rust2::parser::Event;
+        if self.error.is_some() {
+            // Past a bound: the rest of the document is not built.
+            return;
+        }
         let line = mark.line();
         match ev {
-            Event::MappingStart(anchor, _) => {
-                self.stack
-                    .push((Node::new(line, Kind::Map(Vec::new())), anchor, None));
-            }
-            Event::SequenceStart(anchor, _) => {
-                self.stack
-                    .push((Node::new(line, Kind::Seq(Vec::new())), anchor, None));
+            Event::MappingStart(anchor, _) | Event::SequenceStart(anchor, _) => {
+                if self.stack.len() >= MAX_DEPTH {
+                    self.error.get_or_insert(format!(
+                        "line {line}: maps and lists nest deeper than {MAX_DEPTH}"
+                    ));
+                    return;
+                }
+                if !self.admit(1, line) {
+                    return;
+                }
+                let kind = match ev {
+                    Event::MappingStart(..) => Kind::Map(Vec::new()),
+                    _ => Kind::Seq(Vec::new()),
+                };
+                self.stack.push((Node::new(line, kind), anchor, None, 1));
             }
             Event::MappingEnd | Event::SequenceEnd => {
-                if let Some((node, anchor, _)) = self.stack.pop() {
-                    self.anchor(anchor, &node);
-                    self.insert(node);
+                if let Some((node, anchor, _, size)) = self.stack.pop() {
+                    // An anchor keeps a copy: counted like the values it copies.
+                    if anchor != 0 && !self.admit(size, line) {
+                        return;
+                    }
+                    self.anchor(anchor, &node, size);
+                    self.insert(node, size);
                 }
             }
             Event::Scalar(value, style, anchor, tag) => {
+                if !self.admit(1, line) {
+                    return;
+                }
                 let node = Node::new(line, yaml_scalar(value, style, tag.is_some()));
-                self.anchor(anchor, &node);
-                self.insert(node);
+                self.anchor(anchor, &node, 1);
+                self.insert(node, 1);
             }
-            Event::Alias(id) => match self.anchors.get(&id) {
-                Some(node) => {
+            Event::Alias(id) => match self.anchors.get(&id).map(|(_, size)| *size) {
+                Some(size) => {
+                    // Counted before it is copied: an alias bomb stops here.
+                    if !self.admit(size, line) {
+                        return;
+                    }
                     let node = Node {
                         line,
-                        ..node.clone()
+                        ..self.anchors[&id].0.clone()
                     };
-                    self.insert(node);
+                    self.insert(node, size);
                 }
                 None => {
                     self.error
@@ -465,9 +585,10 @@ impl<'de> de::Deserializer<'de> for &'de Node {
     }
 
     fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        match self.text() {
-            Some(t) => visitor.visit_str(t).map_err(|e: DeError| e.at(self.line)),
-            None => Err(<DeError as de::Error>::custom(format!(
+        // A string field takes a string: `image = 5` is not the image "5".
+        match &self.kind {
+            Kind::Str(t) => visitor.visit_str(t).map_err(|e: DeError| e.at(self.line)),
+            _ => Err(<DeError as de::Error>::custom(format!(
                 "expected a string, found {}",
                 self.describe()
             ))
@@ -504,9 +625,17 @@ impl<'de> de::Deserializer<'de> for &'de Node {
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(
         self,
-        _name: &'static str,
+        name: &'static str,
         visitor: V,
     ) -> Result<V::Value, DeError> {
+        if name == SCALAR_TEXT
+            && let Some(text) = self.text()
+        {
+            let text: de::value::StrDeserializer<'_, DeError> = text.into_deserializer();
+            return visitor
+                .visit_newtype_struct(text)
+                .map_err(|e| e.at(self.line));
+        }
         visitor.visit_newtype_struct(self)
     }
 

@@ -31,6 +31,10 @@ pub struct SpecArgs {
     /// spec (image, env, lifecycle commands, user, workspace); flags override it.
     #[arg(long, value_name = "PATH")]
     pub devcontainer: Option<PathBuf>,
+    /// Let the devcontainer.json's `workspaceMount` bind a host folder outside its project
+    /// (the folder and its git repository); refused without this.
+    #[arg(long, requires = "devcontainer")]
+    pub allow_mounts_outside_project: bool,
     /// The image; its ENTRYPOINT and CMD never run.
     #[arg(long)]
     pub image: Option<String>,
@@ -129,7 +133,12 @@ pub fn build(
             let (spec, source) = read_file(path)?;
             (spec, Some(source))
         }
-        (None, Some(path)) => (RunSpec::from_devcontainer(path)?, None),
+        (None, Some(path)) => (
+            runcell_core::devcontainer::load_with(path, |cx| {
+                cx.allow_mounts_outside_project(args.allow_mounts_outside_project)
+            })?,
+            None,
+        ),
         (None, None) => (RunSpec::default(), None),
     };
     let ttl_from_file = spec.ttl.is_some();
@@ -149,8 +158,7 @@ pub fn build(
 /// library rejects are reported with the file, the line and the field.
 pub fn read_file(path: &Path) -> Result<(RunSpec, SpecSource), Failure> {
     let format = Format::of(path).map_err(Failure::usage)?;
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+    let text = doc::read(path).map_err(Failure::usage)?;
     let root = doc::parse(&text, format).map_err(|e| {
         Failure::usage(match e.line {
             Some(line) => format!("{}:{line}: {}", path.display(), e.message),
@@ -190,6 +198,15 @@ pub fn read_file(path: &Path) -> Result<(RunSpec, SpecSource), Failure> {
     Ok((spec, source))
 }
 
+/// A CA file, refused unread when larger than a CA bundle may be.
+fn read_ca_file(path: &Path) -> Result<String, String> {
+    doc::read_at_most(
+        path,
+        runcell_core::ca::MAX_CA_BUNDLE_BYTES as u64,
+        "the most a CA bundle may be",
+    )
+}
+
 fn apply_flags(spec: &mut RunSpec, a: &SpecArgs) -> Result<(), Failure> {
     if let Some(image) = &a.image {
         spec.image = image.clone();
@@ -224,10 +241,8 @@ fn apply_flags(spec: &mut RunSpec, a: &SpecArgs) -> Result<(), Failure> {
         spec.proxy.no_proxy = split_hosts(hosts);
     }
     if let Some(file) = &a.ca_file {
-        spec.ca_bundle = Some(
-            std::fs::read_to_string(file)
-                .map_err(|e| Failure::usage(format!("--ca-file {}: {e}", file.display())))?,
-        );
+        spec.ca_bundle =
+            Some(read_ca_file(file).map_err(|e| Failure::usage(format!("--ca-file {e}")))?);
     }
     for cmd in &a.post_create {
         spec.post_create.push(
@@ -416,10 +431,7 @@ impl SpecFile {
             (Some(pem), None) => spec.ca_bundle = Some(pem),
             (None, Some(file)) => {
                 let file = base.join(file);
-                spec.ca_bundle =
-                    Some(std::fs::read_to_string(&file).map_err(|e| {
-                        ("ca_file".to_string(), format!("{}: {e}", file.display()))
-                    })?);
+                spec.ca_bundle = Some(read_ca_file(&file).map_err(|e| ("ca_file".to_string(), e))?);
             }
             (None, None) => {}
         }
@@ -463,7 +475,7 @@ impl<'de> Deserialize<'de> for EnvList {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvList, A::Error> {
                 let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, String>()? {
+                while let Some((k, ScalarText(v))) = map.next_entry::<String, ScalarText>()? {
                     out.push((k, v));
                 }
                 Ok(EnvList(out))
@@ -477,6 +489,29 @@ impl<'de> Deserialize<'de> for EnvList {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// An env value in a map: a string, or a number or boolean taken as written (`PORT:
+/// 8080`, as in Compose files). The one field that takes a scalar's text.
+struct ScalarText(String);
+
+impl<'de> Deserialize<'de> for ScalarText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ScalarText;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, number or boolean")
+            }
+            fn visit_newtype_struct<D: Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<ScalarText, D::Error> {
+                String::deserialize(d).map(ScalarText)
+            }
+        }
+        d.deserialize_newtype_struct(doc::SCALAR_TEXT, V)
     }
 }
 
@@ -758,6 +793,135 @@ mod tests {
         assert!(e.starts_with("s.yaml:"), "{e}");
         let e = error_of("s.txt", "image: busybox\n");
         assert!(e.contains("unknown format"), "{e}");
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_an_error_in_every_format() {
+        // `image = 5` once started the local image whose ID begins with 5.
+        for (name, text, line, field, found) in [
+            ("s.toml", "image = 5\n", 1, "image", "an integer"),
+            (
+                "s.yaml",
+                "pull: never\nimage: 5\n",
+                2,
+                "image",
+                "an integer",
+            ),
+            ("s.json", "{\n  \"image\": 5\n}\n", 2, "image", "an integer"),
+            ("s.yaml", "image: x\nuser: 1000\n", 2, "user", "an integer"),
+            (
+                "s.toml",
+                "image = \"x\"\nworking_dir = true\n",
+                2,
+                "working_dir",
+                "a boolean",
+            ),
+            (
+                "s.yaml",
+                "image: x\nlabels:\n  app: 1.5\n",
+                3,
+                "labels.app",
+                "a number",
+            ),
+            (
+                "s.json",
+                "{\"image\": \"x\",\n \"post_create\": [[\"touch\", 1]]}",
+                2,
+                "post_create[0][1]",
+                "an integer",
+            ),
+            (
+                "s.yaml",
+                "image: x\nproxy:\n  http: 80\n",
+                3,
+                "proxy.http",
+                "an integer",
+            ),
+            (
+                "s.yaml",
+                "image: x\nsecurity:\n  cap_drop: [1]\n",
+                3,
+                "security.cap_drop[0]",
+                "an integer",
+            ),
+            (
+                "s.yaml",
+                "image: x\nenv: [[A, 1]]\n",
+                2,
+                "env[0][1]",
+                "an integer",
+            ),
+        ] {
+            let e = error_of(name, text);
+            let want =
+                format!("{name}:{line}: invalid spec ({field}): expected a string, found {found}");
+            assert!(e.starts_with(&want), "{name} {text:?}: {e}");
+        }
+        // Numbers where numbers belong, booleans where booleans do.
+        for (name, text) in [
+            ("s.yaml", "image: x\nresources:\n  pids: \"64\"\n"),
+            (
+                "s.toml",
+                "image = \"x\"\n[security]\nread_only_rootfs = \"true\"\n",
+            ),
+        ] {
+            let e = error_of(name, text);
+            assert!(e.contains("invalid type: string"), "{name}: {e}");
+        }
+    }
+
+    #[test]
+    fn hostile_spec_files_fail_fast_in_bounded_memory() {
+        // A YAML alias bomb of under 1 KiB: billions of values if expanded.
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let prev = (b'a' + i - 1) as char;
+            let this = (b'a' + i) as char;
+            bomb.push_str(&format!(
+                "{this}: &{this} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+        }
+        assert!(bomb.len() < 1024, "{}", bomb.len());
+        let started = std::time::Instant::now();
+        let e = error_of("s.yaml", &bomb);
+        assert!(e.contains("more than 100000 values"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Nesting past the depth bound, in each format.
+        let deep = 10_000;
+        for (name, text) in [
+            (
+                "s.yaml",
+                format!("image: {}x{}", "[".repeat(deep), "]".repeat(deep)),
+            ),
+            (
+                "s.json",
+                format!("{{\"image\": {}1{}}}", "[".repeat(100), "]".repeat(100)),
+            ),
+            (
+                "s.toml",
+                format!("image = {}1{}", "[".repeat(100), "]".repeat(100)),
+            ),
+        ] {
+            let e = error_of(name, &text);
+            assert!(
+                e.contains("deeper than") || e.contains("recursion"),
+                "{name}: {e}"
+            );
+        }
+        // A file over the size bound is refused unread.
+        let big = format!("image: x\n#{}\n", "x".repeat(2 << 20));
+        let e = error_of("s.yaml", &big);
+        assert!(e.contains("larger than 1024 KiB"), "{e}");
+        // So is a CA file larger than any CA bundle.
+        let (dir, _) = write("ca.pem", &"x".repeat(600 << 10));
+        let e = error_of(
+            "s.yaml",
+            &format!(
+                "image: x\nca_file: {}\n",
+                dir.path().join("ca.pem").display()
+            ),
+        );
+        assert!(e.contains("larger than 512 KiB"), "{e}");
     }
 
     #[test]

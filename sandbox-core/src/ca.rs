@@ -39,9 +39,21 @@ pub fn env() -> Vec<(String, String)> {
     env
 }
 
+/// The largest CA bundle a spec may carry (a Kubernetes Secret holds at most 1 MiB).
+pub const MAX_CA_BUNDLE_BYTES: usize = 512 << 10;
+
 /// Parses a PEM text that must hold at least one X.509 certificate and nothing else.
 /// Returns the certificates re-encoded as normalized PEM.
 pub fn parse_certificates(pem_text: &str) -> Result<String> {
+    if pem_text.len() > MAX_CA_BUNDLE_BYTES {
+        return Err(Error::invalid_spec(
+            "ca_bundle",
+            format!(
+                "is {} bytes, more than {MAX_CA_BUNDLE_BYTES}: a whole public trust store is about 220 KiB",
+                pem_text.len()
+            ),
+        ));
+    }
     let blocks = pem::parse_many(pem_text.as_bytes())
         .map_err(|e| Error::invalid_spec("ca_bundle", format!("is not valid PEM: {e}")))?;
     if blocks.is_empty() {

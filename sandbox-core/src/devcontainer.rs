@@ -22,7 +22,7 @@
 //! | `image` | `image`. Required: runcell runs an existing image (see `build` below) |
 //! | the folder holding `.devcontainer/` (or `.devcontainer.json`) | `workspace.host_dir` |
 //! | `workspaceFolder` | `workspace.path`. Absent: `/workspaces/${localWorkspaceFolderBasename}`, the reference's default for image-based configs |
-//! | `workspaceMount` | a `type=bind` mount only: its source → `workspace.host_dir`, its target → `workspace.path`, and then a `workspaceFolder` other than the target → `working_dir`. Any other kind: `Unsupported` |
+//! | `workspaceMount` | a `type=bind` mount only: its source → `workspace.host_dir`, its target → `workspace.path`, and then a `workspaceFolder` other than the target → `working_dir`. Any other kind: `Unsupported`. A source outside the project (see below): `InvalidSpec`, unless the caller allows it |
 //! | `containerEnv` | `env` |
 //! | `remoteEnv` | `env` too, after `containerEnv` and `runArgs --env`, winning over them: runcell has no separate remote-user session, every exec (and every lifecycle command) gets the run's environment. A `null` value removes the variable if this file set it earlier (a variable of the image stays) |
 //! | `containerUser`, `remoteUser` | `user`; `remoteUser` wins, being the user of tools and lifecycle commands (then `containerUser`, then `runArgs --user`) |
@@ -95,6 +95,19 @@
 //! syntax error is `InvalidSpec` naming `devcontainer` with the line and column of the
 //! fault; a missing file or folder without a configuration is [`ErrorKind::NotFound`].
 //! Messages never echo an environment value.
+//!
+//! # Host folders
+//!
+//! A `devcontainer.json` comes with a repository, not from the caller, and a run's code
+//! may run as root and write anything in its workspace: so the file may mount only the
+//! project. `workspaceMount` may bind the workspace folder or a folder in it, or a folder
+//! holding it up to the root of the git repository that holds it (a `.git` entry; a
+//! configuration in a subfolder of a repository commonly mounts the repository). Any
+//! other source (`/`, a home directory, a sibling of the repository) is
+//! [`ErrorKind::InvalidSpec`] naming `devcontainer.workspaceMount`, unless the caller
+//! opts in with [`Context::allow_mounts_outside_project`] (through [`load_with`]; the
+//! CLI's `--allow-mounts-outside-project`). System directories are refused as a
+//! workspace whatever the opt-in (see [`crate::Workspace`]).
 //!
 //! [devcontainer.json reference]: https://containers.dev/implementors/json_reference/
 
@@ -209,6 +222,8 @@ pub struct Context {
     file: PathBuf,
     workspace_folder: PathBuf,
     local_env: Option<BTreeMap<String, String>>,
+    /// `workspaceMount` may bind a host folder outside the project.
+    mounts_outside_project: bool,
 }
 
 impl Context {
@@ -220,6 +235,7 @@ impl Context {
             file: file.into(),
             workspace_folder: workspace_folder.into(),
             local_env: None,
+            mounts_outside_project: false,
         }
     }
 
@@ -252,6 +268,7 @@ impl Context {
             workspace_folder: folder.to_path_buf(),
             file,
             local_env: None,
+            mounts_outside_project: false,
         })
     }
 
@@ -267,6 +284,15 @@ impl Context {
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
         );
+        self
+    }
+
+    /// Lets `workspaceMount` bind a host folder outside the project (the workspace folder
+    /// and the git repository holding it): an explicit opt-in, for a configuration the
+    /// caller trusts as if they had written it. Off by default. See the
+    /// [module docs](crate::devcontainer#host-folders).
+    pub fn allow_mounts_outside_project(mut self, allow: bool) -> Context {
+        self.mounts_outside_project = allow;
         self
     }
 
@@ -300,6 +326,7 @@ impl fmt::Debug for Context {
         f.debug_struct("Context")
             .field("file", &self.file)
             .field("workspace_folder", &self.workspace_folder)
+            .field("mounts_outside_project", &self.mounts_outside_project)
             .field(
                 "local_env",
                 &self
@@ -336,6 +363,24 @@ impl RunSpec {
 /// by its file). The workspace folder is told by where the file lies
 /// ([`Context::for_file`]); `${localEnv:...}` reads this process's environment now.
 pub fn load(path: impl AsRef<Path>) -> Result<RunSpec> {
+    load_with(path, |cx| cx)
+}
+
+/// [`load`], with the [`Context`] found for the file changed by `configure` first: say, to
+/// allow mounts outside the project ([`Context::allow_mounts_outside_project`]) or to fix
+/// the local environment.
+///
+/// ```no_run
+/// # fn demo() -> runcell_core::Result<()> {
+/// use runcell_core::devcontainer;
+/// // A configuration the caller trusts to mount folders beside its repository.
+/// let spec = devcontainer::load_with(".", |cx| cx.allow_mounts_outside_project(true))?;
+/// # Ok(()) }
+/// ```
+pub fn load_with(
+    path: impl AsRef<Path>,
+    configure: impl FnOnce(Context) -> Context,
+) -> Result<RunSpec> {
     let path = canonical(path.as_ref())?;
     let file = if path.is_dir() {
         let candidates = [
@@ -359,7 +404,7 @@ pub fn load(path: impl AsRef<Path>) -> Result<RunSpec> {
     } else {
         path
     };
-    let cx = Context::for_file(&file)?;
+    let cx = configure(Context::for_file(&file)?);
     let io_error = |e: std::io::Error| {
         Error::invalid_spec("devcontainer", "cannot read the file")
             .with("file", file.display())
@@ -373,8 +418,71 @@ pub fn load(path: impl AsRef<Path>) -> Result<RunSpec> {
         )
         .with("file", file.display()));
     }
-    let text = std::fs::read_to_string(&file).map_err(io_error)?;
+    // Read at most the bound whatever the size said (a file that grows, a device).
+    let mut text = String::new();
+    std::fs::File::open(&file)
+        .and_then(|f| {
+            use std::io::Read as _;
+            f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text)
+        })
+        .map_err(io_error)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(Error::invalid_spec(
+            "devcontainer",
+            format!("is more than the {MAX_FILE_BYTES} bytes read"),
+        )
+        .with("file", file.display()));
+    }
     parse(&text, &cx)
+}
+
+/// How deep objects and arrays may nest in a `devcontainer.json` (the parser recurses).
+const MAX_DEPTH: usize = 64;
+
+/// The deepest nesting of `{` and `[` outside strings and comments, found without
+/// recursion, so that a hostile file cannot exhaust the parser's stack.
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut star = false;
+                for c in chars.by_ref() {
+                    if star && c == '/' {
+                        break;
+                    }
+                    star = c == '*';
+                }
+            }
+            '{' | '[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            '}' | ']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Maps the text of a `devcontainer.json` to a spec, in `cx` (the file named in errors, the
@@ -383,7 +491,8 @@ pub fn load(path: impl AsRef<Path>) -> Result<RunSpec> {
 ///
 /// ```
 /// use runcell_core::devcontainer::{Context, parse};
-/// let folder = std::env::temp_dir();
+/// let folder = std::env::temp_dir().join("my-project");
+/// # std::fs::create_dir_all(&folder).unwrap();
 /// let cx = Context::new(folder.join(".devcontainer/devcontainer.json"), &folder);
 /// let spec = parse(
 ///     r#"{
@@ -400,6 +509,20 @@ pub fn load(path: impl AsRef<Path>) -> Result<RunSpec> {
 /// ```
 pub fn parse(text: &str, cx: &Context) -> Result<RunSpec> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(Error::invalid_spec(
+            "devcontainer",
+            format!("is more than the {MAX_FILE_BYTES} bytes read"),
+        )
+        .with("file", cx.file.display()));
+    }
+    if nesting(text) > MAX_DEPTH {
+        return Err(Error::invalid_spec(
+            "devcontainer",
+            format!("nests objects and arrays deeper than {MAX_DEPTH}"),
+        )
+        .with("file", cx.file.display()));
+    }
     // JSONC as editors read it: comments and trailing commas, nothing of JSON5.
     let options = ParseOptions {
         allow_comments: true,
@@ -428,6 +551,27 @@ pub fn parse(text: &str, cx: &Context) -> Result<RunSpec> {
         }
     };
     Mapper::new(cx, text)?.map(&root)
+}
+
+/// Whether `source` (resolved) is in the project of workspace folder `folder`: the folder
+/// or below it, or a folder holding it up to the root of the git repository that holds it.
+fn in_project(source: &Path, folder: &Path) -> bool {
+    use std::path::Component;
+    // Unresolved (it does not exist): judged as written, and `..` is never inside.
+    if source
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return false;
+    }
+    let folder = std::fs::canonicalize(folder).unwrap_or_else(|_| folder.to_path_buf());
+    if source.starts_with(&folder) {
+        return true;
+    }
+    let repository = folder
+        .ancestors()
+        .find(|dir| dir.join(".git").symlink_metadata().is_ok());
+    repository.is_some_and(|root| folder.starts_with(source) && source.starts_with(root))
 }
 
 fn canonical(path: &Path) -> Result<PathBuf> {
@@ -881,6 +1025,17 @@ impl<'a> Mapper<'a> {
                 .map_err(|why| self.unsupported(path, range, why))?;
             // `${localWorkspaceFolder}/..` and the like: the folder itself.
             let source = std::fs::canonicalize(&source).unwrap_or_else(|_| PathBuf::from(source));
+            if !self.cx.mounts_outside_project && !in_project(&source, &self.cx.workspace_folder) {
+                return Err(self.invalid(
+                    path,
+                    range,
+                    format!(
+                        "binds {}, outside the project ({} and the git repository holding it): a devcontainer.json may mount only its project, unless the caller allows more (devcontainer::Context::allow_mounts_outside_project, the CLI's --allow-mounts-outside-project)",
+                        source.display(),
+                        self.cx.workspace_folder.display()
+                    ),
+                ));
+            }
             self.spec.workspace.host_dir = Some(source);
             self.spec.workspace.path = target;
             self.origins
@@ -1639,6 +1794,32 @@ mod tests {
     }
 
     #[test]
+    fn hostile_files_fail_fast_without_exhausting_the_stack() {
+        // 500 000 levels would overflow the parser's stack; refused before parsing.
+        let deep = format!(
+            "{{\"image\": \"x\", \"a\": {}1{}}}",
+            "[".repeat(500_000),
+            "]".repeat(500_000)
+        );
+        let e = error_of(&deep);
+        assert_eq!(e.field(), Some("devcontainer"));
+        assert!(e.to_string().contains("deeper than 64"), "{e}");
+        // Brackets in strings and comments do not count.
+        let spec = spec_of(&format!(
+            "{{\"image\": \"x\", // {}\n \"containerEnv\": {{\"A\": \"{}\"}}}}",
+            "[".repeat(100),
+            "{".repeat(100)
+        ));
+        assert_eq!(spec.image, "x");
+        // Larger than the bound: refused unread.
+        let e = error_of(&format!(
+            "{{\"image\": \"x\", \"x\": \"{}\"}}",
+            "y".repeat(5 << 20)
+        ));
+        assert!(e.to_string().contains("bytes read"), "{e}");
+    }
+
+    #[test]
     fn python_with_a_post_create_string_and_remote_user() {
         // Through the public entry point, from the project folder.
         let spec = RunSpec::from_devcontainer(testdata("python-app")).unwrap();
@@ -1976,6 +2157,79 @@ mod tests {
                 sh("attach"),
             ]
         );
+    }
+
+    /// `workspaceMount` binds the project (its folder, or up to its repository's root)
+    /// and nothing else unless the caller opts in; system folders never.
+    #[test]
+    fn a_workspace_mount_outside_the_project_needs_the_callers_opt_in() {
+        let base = std::env::temp_dir().join(format!("runcell-dc-mounts-{}", std::process::id()));
+        let project = base.join("repo/services/api");
+        for dir in [
+            project.join("src"),
+            base.join("repo/.git"),
+            base.join("repo/other"),
+            base.join("outside"),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        let base = std::fs::canonicalize(&base).unwrap();
+        std::os::unix::fs::symlink(base.join("outside"), project.join("link")).unwrap();
+        let result = std::panic::catch_unwind(|| {
+            let project = base.join("repo/services/api");
+            let map = |source: &str, allow: bool| {
+                let cx = Context::new(project.join(".devcontainer/devcontainer.json"), &project)
+                    .allow_mounts_outside_project(allow);
+                let text = format!(
+                    r#"{{"image": "x", "workspaceMount": "type=bind,source={source},target=/ws"}}"#
+                );
+                parse(&text, &cx)
+            };
+            let inside = [
+                "${localWorkspaceFolder}".to_string(),
+                "${localWorkspaceFolder}/src".to_string(),
+                "${localWorkspaceFolder}/../..".to_string(),
+                base.join("repo/services").display().to_string(),
+            ];
+            for source in &inside {
+                let spec = map(source, false).unwrap_or_else(|e| panic!("{source}: {e}"));
+                assert!(
+                    spec.workspace.host_dir.unwrap().starts_with(&base),
+                    "{source}"
+                );
+            }
+            let outside = [
+                "/".to_string(),
+                "${localWorkspaceFolder}/../../..".to_string(),
+                "${localWorkspaceFolder}/../../other".to_string(),
+                base.join("outside").display().to_string(),
+                "${localEnv:HOME}".to_string(),
+                // A link in the project to a folder outside it.
+                "${localWorkspaceFolder}/link".to_string(),
+            ];
+            for source in &outside {
+                let e = map(source, false).unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::InvalidSpec, "{source}: {e}");
+                assert_eq!(e.field(), Some("devcontainer.workspaceMount"), "{source}");
+                assert!(e.message().contains("allow_mounts_outside_project"), "{e}");
+            }
+            // Opted in: folders outside the project, but never a system folder.
+            for source in &outside[1..4] {
+                map(source, true).unwrap_or_else(|e| panic!("{source}: {e}"));
+            }
+            let e = map("/", true).unwrap_err();
+            assert_eq!(e.field(), Some("devcontainer.workspaceMount"), "{e}");
+            assert!(e.message().contains("system directory"), "{e}");
+            // No repository: only the folder and below.
+            let lone = base.join("outside");
+            std::fs::create_dir_all(lone.join("sub")).unwrap();
+            assert!(in_project(&lone.join("sub"), &lone));
+            assert!(!in_project(&base, &lone));
+        });
+        std::fs::remove_dir_all(&base).unwrap();
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     #[test]

@@ -107,11 +107,24 @@ fn config_error(path: &Path, what: impl fmt::Display) -> Error {
 /// Credentials for `registry` from a Docker CLI `config.json`: its `credHelpers` entry,
 /// else its `auths` entry, else its `credsStore`. A missing file is no credentials.
 pub fn from_config_file(path: &Path, registry: &str) -> Result<Option<DockerCredentials>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    // A config file is small; a larger one is refused unread (bounded memory).
+    const MAX_CONFIG_BYTES: u64 = 4 << 20;
+    let mut text = String::new();
+    let read = std::fs::File::open(path).and_then(|f| {
+        use std::io::Read as _;
+        f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)
+    });
+    match read {
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(config_error(path, "cannot be read").with_source(e)),
-    };
+    }
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(config_error(
+            path,
+            format_args!("is larger than {} MiB", MAX_CONFIG_BYTES >> 20),
+        ));
+    }
     // serde_json's messages quote no input, so no secret can leak through them.
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| config_error(path, e))?;
     let entry = |table: &str| {
@@ -334,6 +347,19 @@ mod tests {
                 .contains("docker-credential-runcell-test-absent"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_oversized_config_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        let mut text = String::from("{\"auths\": {}, \"pad\": \"");
+        text.push_str(&"x".repeat(5 << 20));
+        text.push_str("\"}");
+        std::fs::write(&path, text).unwrap();
+        let e = from_config_file(&path, "reg:5000").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.message().contains("larger than 4 MiB"), "{e}");
     }
 
     #[test]
