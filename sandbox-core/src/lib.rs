@@ -50,7 +50,8 @@ mod spec;
 pub use capabilities::{Capabilities, is_numeric_user};
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{
-    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecOutput, ExecStream, ExitStatus, OutputChunk, StdinWriter,
+    DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecOutput, ExecStream, ExitStatus, KILL_BOUND, OutputChunk,
+    StdinWriter,
 };
 pub use files::{ByteStream, FileReader};
 pub use guard::{RunGuard, stop_guarded_runs, stop_runs_on_signal};
@@ -61,8 +62,9 @@ pub use reap::{ReapReason, reap};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
 pub use run::{Driver, DriverExt, Run, RunExt, RunInfo};
 pub use spec::{
-    DEFAULT_WORKSPACE_PATH, ExecSpec, Network, Proxy, PullPolicy, Resources, RunSpec, Security,
-    Stdin, Workspace, normalize_registry, registry_of,
+    DEFAULT_WORKSPACE_PATH, ExecSpec, MIN_MEMORY_BYTES, Network, Proxy, PullPolicy, Resources,
+    RunSpec, Security, Stdin, Workspace, could_be_id_prefix, normalize_registry, qualified_name,
+    registry_of,
 };
 
 /// The names most programs need: `use runcell_core::prelude::*;`.

@@ -180,7 +180,13 @@ pub fn run_objects(
 
     let container = Container {
         name: CONTAINER.into(),
-        image: Some(spec.image.clone()),
+        // A hex name (`5`) is written out in full: the node's runtime would otherwise
+        // take it for the prefix of any local image's ID.
+        image: Some(if runcell_core::could_be_id_prefix(&spec.image) {
+            runcell_core::qualified_name(&spec.image)
+        } else {
+            spec.image.clone()
+        }),
         image_pull_policy: Some(
             match spec.pull {
                 PullPolicy::Always => "Always",

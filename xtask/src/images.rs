@@ -31,6 +31,22 @@ enum Variant {
     NoTar,
 }
 
+/// The full ID (`sha256:...`) of a local image on Docker.
+pub fn id(image: &str) -> Result<String> {
+    let out = std::process::Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .output()
+        .with_context(|| format!("docker image inspect {image}"))?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || !id.starts_with("sha256:") {
+        bail!(
+            "docker image inspect {image} gave no image ID: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(id)
+}
+
 /// Builds the test images (cheap to repeat: a rebuild only retags).
 pub fn build() -> Result<()> {
     if !Path::new(BUSYBOX_BIN).exists() {

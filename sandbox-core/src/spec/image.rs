@@ -15,6 +15,21 @@ pub fn validate_image(image: &str) -> Result<()> {
             "is not an image reference (whitespace, control characters or too long)".into(),
         ));
     }
+    // Engines take a hex string for an image ID, or for the prefix of one: an ID is
+    // accepted only whole, so that a reference never picks an image by a prefix.
+    if let Some(hex) = image.strip_prefix("sha256:") {
+        if hex.len() != 64 || !is_lower_hex(hex) {
+            return Err(bad(
+                "is not a whole image ID: an ID is sha256: and all 64 lowercase hex digits (engines match a shorter one as a prefix of any image's ID)".into(),
+            ));
+        }
+        return Ok(());
+    }
+    if image.len() == 64 && is_lower_hex(image) {
+        return Err(bad(
+            "is an image ID without its algorithm: write sha256:<id>".into(),
+        ));
+    }
     let (rest, digest) = match image.split_once('@') {
         Some((rest, digest)) => (rest, Some(digest)),
         None => (image, None),
@@ -77,6 +92,55 @@ pub fn validate_image(image: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn is_lower_hex(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Whether an engine could take this name for the prefix of an image ID: Docker and Podman
+/// resolve a hex string (`5`, `0a1b`) that names no local image as the ID prefix of any
+/// local image, and containerd's CRI does the same. A driver sending such a name makes the
+/// engine resolve it as a name: it checks the image it finds carries the name, or sends
+/// [`qualified_name`].
+pub fn could_be_id_prefix(image: &str) -> bool {
+    !image.is_empty() && image.len() < 64 && is_lower_hex(image)
+}
+
+/// The reference with its registry and tag written out as Docker normalizes them (`5` →
+/// `docker.io/library/5:latest`, `team/app` → `docker.io/team/app:latest`): the same image,
+/// in a form no engine reads as an image ID. Image IDs (`sha256:...`) stay as they are.
+pub fn qualified_name(image: &str) -> String {
+    if image.starts_with("sha256:") {
+        return image.to_string();
+    }
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
+    let has_tag = rest[last_slash..].contains(':');
+    let mut out = match rest.split_once('/') {
+        Some((first, _))
+            if first.contains(['.', ':'])
+                || first == "localhost"
+                || first.chars().any(|c| c.is_ascii_uppercase()) =>
+        {
+            rest.to_string()
+        }
+        Some(_) => format!("docker.io/{rest}"),
+        None => format!("docker.io/library/{rest}"),
+    };
+    match digest {
+        Some(digest) => {
+            out.push('@');
+            out.push_str(digest);
+        }
+        None if !has_tag => out.push_str(":latest"),
+        None => {}
+    }
+    out
 }
 
 fn validate_registry_host(host: &str) -> std::result::Result<(), String> {
@@ -173,6 +237,9 @@ mod tests {
             "[::1]:5000/img",
             "img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
             "my_img__x.y-z---w:TAG_1.2-3",
+            "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "5",
+            "deadbeef:latest",
         ] {
             validate_image(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
@@ -193,9 +260,45 @@ mod tests {
             "img@:0123456789abcdef0123456789abcdef",
             "host:99999/img",
             "img\n",
+            // Image IDs only whole, never a prefix.
+            "sha256:0123",
+            "sha256:0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef",
+            "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde",
+            "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         ] {
             let e = validate_image(bad).expect_err(bad);
             assert_eq!(e.field(), Some("image"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hex_names_are_qualified_so_no_engine_reads_an_id_prefix() {
+        for (image, risky) in [
+            ("5", true),
+            ("0a1b", true),
+            ("deadbeef", true),
+            ("5:latest", false),
+            ("team/5", false),
+            ("busybox", false),
+            ("ABC", false),
+            (
+                "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                false,
+            ),
+        ] {
+            assert_eq!(could_be_id_prefix(image), risky, "{image}");
+        }
+        for (image, qualified) in [
+            ("5", "docker.io/library/5:latest"),
+            ("busybox:1.36", "docker.io/library/busybox:1.36"),
+            ("team/app", "docker.io/team/app:latest"),
+            ("localhost:5000/app", "localhost:5000/app:latest"),
+            ("localhost/app:v1", "localhost/app:v1"),
+            ("reg.io/a/b@sha256:00ff", "reg.io/a/b@sha256:00ff"),
+            ("sha256:0123", "sha256:0123"),
+        ] {
+            assert_eq!(qualified_name(image), qualified, "{image}");
+            assert!(!could_be_id_prefix(&qualified_name(image)), "{image}");
         }
     }
 }

@@ -27,9 +27,9 @@ use crate::error::{Error, Result};
 use env::{EnvNames, MAX_ENV_TOTAL, validate_abs_path, validate_argv, validate_env, validate_user};
 
 pub use exec::{ExecSpec, Stdin};
-pub use image::validate_image;
+pub use image::{could_be_id_prefix, qualified_name, validate_image};
 pub use proxy::Proxy;
-pub use resources::{Network, PullPolicy, Resources, Security};
+pub use resources::{MIN_MEMORY_BYTES, Network, PullPolicy, Resources, Security};
 pub use workspace::{DEFAULT_WORKSPACE_PATH, Workspace};
 
 /// Everything a run is created from. `Debug` shows env names but not their values, and

@@ -17,11 +17,14 @@ pub enum PullPolicy {
     Never,
 }
 
+/// The smallest memory limit engines take (Docker's and runc's minimum, 6 MiB).
+pub const MIN_MEMORY_BYTES: u64 = 6 << 20;
+
 /// Resource limits of the sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Resources {
-    /// Memory limit in bytes.
+    /// Memory limit in bytes, at least [`MIN_MEMORY_BYTES`].
     pub memory_bytes: Option<u64>,
     /// CPU limit in cores (e.g. `1.5`).
     pub cpus: Option<f64>,
@@ -81,10 +84,17 @@ impl Resources {
                 "is too large",
             ));
         }
-        if self.memory_bytes == Some(0) {
+        if let Some(m) = self.memory_bytes
+            && m < MIN_MEMORY_BYTES
+        {
+            // Docker refuses less at create; Kubernetes creates the pod, then its
+            // container fails (CreateContainerError): refused here, before anything exists.
             return Err(Error::invalid_spec(
                 "resources.memory_bytes",
-                "must be positive",
+                format!(
+                    "is {m} bytes; engines refuse a memory limit below {} MiB",
+                    MIN_MEMORY_BYTES >> 20
+                ),
             ));
         }
         if self.pids == Some(0) {
@@ -123,7 +133,7 @@ mod tests {
             };
             assert_eq!(field(r), "resources.cpus", "{cpus}");
         }
-        for memory in [0, u64::MAX] {
+        for memory in [0, 1, (6 << 20) - 1, u64::MAX] {
             let r = Resources {
                 memory_bytes: Some(memory),
                 ..Resources::default()
