@@ -9,6 +9,8 @@ use crate::spec::SpecSource;
 
 /// The command's exit code passes through (0-255); these are sandbox's own.
 pub mod code {
+    /// The command timed out and its processes could not be killed: they may still run.
+    pub const NOT_KILLED: i32 = 120;
     /// The run is gone: its container or pod was removed or stopped.
     pub const RUN_LOST: i32 = 121;
     /// The connection to the backend broke while the command ran; it may have run.
@@ -25,6 +27,8 @@ pub mod code {
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes of `exec` and `run`: the command's own (0-255), 128+N when a signal N killed
 it, and:
+  120  the command timed out and its processes could not be killed; they may still run
+       (`sandbox stop` ends them)
   121  the run is gone (its container or pod was removed or stopped)
   122  the connection to the backend was lost; the command may have run
   123  the command did not start (--workdir or --user does not exist in the run)

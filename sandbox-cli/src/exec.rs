@@ -146,6 +146,17 @@ pub fn exit_code(status: &ExitStatus, timeout: Option<Duration>) -> i32 {
             eprintln!("sandbox: the command timed out{after}; its processes were killed");
             code::TIMED_OUT
         }
+        ExitStatus::KillFailed(why) => {
+            let after = timeout.map(|t| format!(" after {t:?}")).unwrap_or_default();
+            eprintln!(
+                "sandbox: the command timed out{after}, and its processes could not be killed ({why}); they may still run: `sandbox stop` ends them"
+            );
+            code::NOT_KILLED
+        }
+        ExitStatus::RunLost(why) => {
+            eprintln!("sandbox: the run is gone ({why}); the command may have run in part");
+            code::RUN_LOST
+        }
         ExitStatus::TransportLost(why) => {
             eprintln!(
                 "sandbox: the connection to the backend was lost ({why}); the command may have run"

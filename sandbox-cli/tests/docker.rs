@@ -791,3 +791,150 @@ fn a_devcontainer_json_is_the_base_spec() {
     assert!(text(&out.stderr).contains("build"), "{}", text(&out.stderr));
     sb.assert_nothing_left();
 }
+
+/// Each outcome means exactly what it says: a spec field of the wrong type is an error, an
+/// image never matches by ID prefix, a limit engines refuse is an invalid spec, a kill that
+/// could not happen is 120 (never 124), and a run removed under a command is 121.
+#[test]
+fn outcomes_say_exactly_what_happened() {
+    let Some(sb) = sandbox("outcomes") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let labels = sb.labels();
+    let with_labels = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let at = all.iter().position(|a| a == "--").unwrap_or(all.len());
+        for (i, l) in labels.iter().enumerate() {
+            all.insert(at + i, l.clone());
+        }
+        all
+    };
+    let refused = |args: &[&str], want: &str| {
+        let all = with_labels(args);
+        let started = Instant::now();
+        let out = run(sb.cmd(&all.iter().map(String::as_str).collect::<Vec<_>>()));
+        let stderr = text(&out.stderr);
+        assert_eq!(code(&out), 125, "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(30), "{args:?}");
+    };
+    // A number is not an image name.
+    let typed = dir.path().join("typed.toml");
+    std::fs::write(&typed, "image = 5\n").unwrap();
+    refused(
+        &["run", "--spec", typed.to_str().unwrap(), "--", "true"],
+        "typed.toml:1: invalid spec (image): expected a string, found an integer",
+    );
+    // A YAML alias bomb of under 1 KiB fails at once.
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for c in b'b'..=b'l' {
+        let (this, prev) = (c as char, (c - 1) as char);
+        bomb.push_str(&format!(
+            "{this}: &{this} [{}]\n",
+            vec![format!("*{prev}"); 10].join(", ")
+        ));
+    }
+    let bomb_path = dir.path().join("bomb.yaml");
+    std::fs::write(&bomb_path, bomb).unwrap();
+    refused(
+        &["run", "--spec", bomb_path.to_str().unwrap(), "--", "true"],
+        "more than 100000 values",
+    );
+    // Image IDs only whole; a hex name is a name, never an ID prefix.
+    refused(
+        &["run", "--image", "sha256:0a", "--", "true"],
+        "invalid spec (image)",
+    );
+    for hex in ["0", "3", "5", "f", "a", "c"] {
+        refused(
+            &["run", "--image", hex, "--pull", "never", "--", "true"],
+            "not present",
+        );
+    }
+    // A memory limit engines refuse.
+    refused(
+        &[
+            "run",
+            "--image",
+            &common::image(),
+            "--memory",
+            "4m",
+            "--",
+            "true",
+        ],
+        "invalid spec (resources.memory_bytes)",
+    );
+
+    // A command filling the pids limit times out: killed (124, nothing left) or said not
+    // to be (120), on both exec paths.
+    for helper in ["required", "off"] {
+        let spec = dir.path().join(format!("pids-{helper}.yaml"));
+        std::fs::write(
+            &spec,
+            format!(
+                "image: {}\nresources:\n  pids: 64\nexec_helper: {helper}\n",
+                common::image()
+            ),
+        )
+        .unwrap();
+        let id = sb.start(&["--spec", spec.to_str().unwrap()]);
+        let out = run(sb.exec_cmd(
+            &id,
+            &["--timeout", "2s", "--env", "RUNCELL_TEST_BOMB=1"],
+            &[
+                "sh",
+                "-c",
+                "( while :; do sleep 1000 & done ) 2>/dev/null; sleep 1000 & exec sleep 1000",
+            ],
+        ));
+        let stderr = text(&out.stderr);
+        match code(&out) {
+            124 => {
+                let left = run(sb.exec_cmd(
+                    &id,
+                    &[],
+                    &[
+                        "sh",
+                        "-c",
+                        "for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ | grep -qx RUNCELL_TEST_BOMB=1; then echo $d; fi; done",
+                    ],
+                ));
+                assert_eq!(
+                    code(&left),
+                    0,
+                    "{helper}: said 124 but: {}",
+                    text(&left.stderr)
+                );
+                assert_eq!(text(&left.stdout), "", "{helper}: said 124, yet alive");
+            }
+            120 => assert!(stderr.contains("could not be killed"), "{helper}: {stderr}"),
+            other => panic!("{helper}: exit {other}: {stderr}"),
+        }
+        run(sb.cmd(&["stop", &id]));
+    }
+
+    // The run removed under a command: 121, never the engine's 137.
+    let id = sb.start(&[]);
+    let child = sb
+        .exec_cmd(&id, &[], &["sleep", "600"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let removed = std::process::Command::new("docker")
+        .args(["rm", "-f", &id])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(removed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        matches!(code(&out), 121 | 122),
+        "exit {}: {stderr}",
+        code(&out)
+    );
+    sb.assert_nothing_left();
+}

@@ -38,11 +38,22 @@ pub const EXEC_ID_ENV: &str = "SANDBOX_EXEC_ID";
 /// `setsid` and cleared their environment while their parent lived). It never signals
 /// its own session or process group, or PID 1's. Everything found is stopped (SIGSTOP,
 /// so nothing forks meanwhile), found again, then gets TERM and CONT, and KILL after one
-/// second. Needs a POSIX `sh` with `cat`, `tr`, `grep` and `sleep` (BusyBox or coreutils).
+/// second; it fails (non-zero) when any of them is still alive a second after that, and
+/// the shell fails when it cannot fork (a pids limit reached), so a kill that did not
+/// happen is never taken for one. Needs a POSIX `sh` with `cat`, `tr`, `grep` and `sleep`
+/// (BusyBox or coreutils).
+///
+/// Another exec's processes are never among those found: each engine exec is a session
+/// of its own, so none of its processes can join a process group of this exec's, and a
+/// process cannot become another's descendant. A pid found is signalled with TERM, CONT
+/// and KILL only while it still names the process found (same start time), so a pid
+/// freed during the grace second and reused by another exec's process is left alone.
 ///
 /// What can still escape: a process that cleared its environment, left the exec's
 /// session (`setsid`) and whose parent had exited before the kill, i.e. a deliberately
-/// daemonised process; and processes of another user when the kill lacks `CAP_KILL`.
+/// daemonised process (re-parented to the target's PID 1, nothing in it says which exec
+/// it came from; the exec helper's per-exec shepherd does not lose it); and processes of
+/// another user when the kill lacks `CAP_KILL`.
 pub const KILL_SCRIPT: &str = r#"
 id="$1"
 me=$$
@@ -53,6 +64,7 @@ info() {
 set -- $(info $me); my_pg=$3; my_sid=$4
 set -- $(info 1); one_pg=$3; one_sid=$4
 pids=" "
+starts=" "
 groups=" "
 add_group() {
   case "$1" in 0|1|"$my_pg"|"$my_sid"|"$one_pg"|"$one_sid") return;; esac
@@ -65,7 +77,7 @@ collect() {
     case "$pids" in *" $p "*) continue;; esac
     if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "SANDBOX_EXEC_ID=$id"; then
       pids="$pids$p "
-      set -- $(info "$p") && { add_group "$3"; add_group "$4"; }
+      set -- $(info "$p") && { add_group "$3"; add_group "$4"; starts="$starts$p:${20} "; }
     fi
   done
   changed=1
@@ -76,14 +88,20 @@ collect() {
       [ "$p" = "$me" ] && continue
       case "$pids" in *" $p "*) continue;; esac
       set -- $(info "$p") || continue
-      case "$pids$groups" in *" $2 "*|*" $3 "*|*" $4 "*) pids="$pids$p "; changed=1;; esac
+      case "$pids$groups" in *" $2 "*|*" $3 "*|*" $4 "*) pids="$pids$p "; starts="$starts$p:${20} "; changed=1;; esac
     done
+  done
+}
+ours() {
+  for p in $pids; do
+    set -- $(info "$p") || continue
+    case "$starts" in *" $p:${20} "*) echo "$p";; esac
   done
 }
 alive() {
   for p in $pids; do
     set -- $(info "$p") || continue
-    [ "$1" != Z ] && return 0
+    [ "$1" != Z ] && case "$starts" in *" $p:${20} "*) return 0;; esac
   done
   return 1
 }
@@ -92,14 +110,21 @@ collect
 kill -STOP $pids 2>/dev/null
 collect
 kill -STOP $pids 2>/dev/null
-kill -TERM $pids 2>/dev/null
-kill -CONT $pids 2>/dev/null
+live=$(ours)
+kill -TERM $live 2>/dev/null
+kill -CONT $live 2>/dev/null
 for _ in 1 2 3 4 5 6 7 8 9 10; do
   alive || exit 0
   sleep 0.1
 done
-kill -KILL $pids 2>/dev/null
-exit 0
+live=$(ours)
+kill -KILL $live 2>/dev/null
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+  alive || exit 0
+  sleep 0.1
+done
+echo "runcell-kill: processes outlived SIGKILL:$pids" >&2
+exit 4
 "#;
 
 /// How an exec ended.
@@ -114,6 +139,17 @@ pub enum ExitStatus {
     Signaled(i32),
     /// The timeout passed; the process tree was killed.
     TimedOut,
+    /// The timeout passed, and the exec's processes could not be killed within
+    /// [`KILL_BOUND`] (tried again meanwhile), e.g. because the run's pids limit left no
+    /// room for the plain path's kill exec. Its processes may still run; stopping the run
+    /// ends them. Never reported as [`ExitStatus::TimedOut`].
+    KillFailed(String),
+    /// The run's target vanished or stopped while the command ran (removed, killed, its
+    /// keep-alive gone): the command started and may have done part of its work; its
+    /// processes are gone with the target. Whatever exit code the engine reported for it
+    /// (137, 126, ...), it is never the command's. [`crate::RunExt::exec`] turns this into
+    /// an [`ErrorKind::RunLost`] error.
+    RunLost(String),
     /// The connection failed before the status was known. The process may have run; it
     /// was killed where still reachable. Never a success.
     TransportLost(String),
@@ -131,7 +167,9 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
-    /// The [`ErrorKind::NotFound`] error naming the field, for [`ExitStatus::NotStarted`].
+    /// The error a buffered exec returns instead of this status: [`ErrorKind::NotFound`]
+    /// naming the field for [`ExitStatus::NotStarted`], [`ErrorKind::RunLost`] for
+    /// [`ExitStatus::RunLost`].
     pub fn not_started_error(&self) -> Option<Error> {
         match self {
             ExitStatus::NotStarted { field, reason } => Some(
@@ -141,6 +179,10 @@ impl ExitStatus {
                 )
                 .with_field(field.clone()),
             ),
+            ExitStatus::RunLost(why) => Some(Error::new(
+                ErrorKind::RunLost,
+                format!("the run's target vanished while the command ran: {why}"),
+            )),
             _ => None,
         }
     }
@@ -173,6 +215,11 @@ impl fmt::Display for ExitStatus {
             ExitStatus::Exited(c) => write!(f, "exited with code {c}"),
             ExitStatus::Signaled(s) => write!(f, "killed by signal {s}"),
             ExitStatus::TimedOut => f.write_str("timed out"),
+            ExitStatus::RunLost(why) => write!(f, "the run's target is gone ({why})"),
+            ExitStatus::KillFailed(why) => write!(
+                f,
+                "timed out, and its processes could not be killed ({why}); they may still run"
+            ),
             ExitStatus::TransportLost(why) => write!(f, "transport lost: {why}"),
             ExitStatus::NotStarted { field, reason } => {
                 write!(f, "not started ({field}): {reason}")
@@ -508,34 +555,26 @@ async fn pump(
         End::Eof => tokio::select! {
             s = control.status() => {
                 let status = s.unwrap_or_else(|e| ExitStatus::TransportLost(e.to_string()));
-                if matches!(status, ExitStatus::TransportLost(_)) {
+                if let ExitStatus::TransportLost(why) = status {
                     // The process may still run: kill it where it is still reachable.
-                    kill(&*control).await;
+                    lost(why, kill(&*control).await)
+                } else {
+                    status
                 }
-                status
             }
-            _ = sleep_until(deadline) => {
-                kill(&*control).await;
-                ExitStatus::TimedOut
-            }
+            _ = sleep_until(deadline) => timed_out(kill(&*control).await),
             _ = cancel.cancelled() => {
-                kill(&*control).await;
+                let _ = kill(&*control).await;
                 return;
             }
         },
-        End::Deadline => {
-            kill(&*control).await;
-            ExitStatus::TimedOut
-        }
+        End::Deadline => timed_out(kill(&*control).await),
         End::Cancelled => {
             tracing::debug!("exec cancelled: killing its processes");
-            kill(&*control).await;
+            let _ = kill(&*control).await;
             return;
         }
-        End::Lost(why) => {
-            kill(&*control).await;
-            ExitStatus::TransportLost(why)
-        }
+        End::Lost(why) => lost(why, kill(&*control).await),
     };
     let span = tracing::Span::current();
     span.record("status", tracing::field::display(&status));
@@ -545,14 +584,63 @@ async fn pump(
     let _ = status_tx.send(status);
 }
 
-/// How long a kill may take before the exec's status is reported anyway.
+/// How long a kill may take, with its retries, before the exec's status is reported
+/// anyway (as [`ExitStatus::KillFailed`] when it never succeeded).
 pub const KILL_BOUND: Duration = Duration::from_secs(10);
 
-async fn kill(control: &dyn ExecControl) {
-    match tokio::time::timeout(KILL_BOUND, control.kill()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!("could not kill the exec's processes: {e}"),
-        Err(_) => tracing::warn!("killing the exec's processes took over {KILL_BOUND:?}; gave up"),
+/// What a kill came to.
+enum Killed {
+    /// The kill ran and found none of the exec's processes alive afterwards.
+    Done,
+    /// The run's target is gone (and the exec's processes with it).
+    TargetGone(String),
+    /// It never worked within [`KILL_BOUND`]: the last reason.
+    Failed(String),
+}
+
+/// The status of a timed-out exec: killed, gone with its target, or not killed.
+fn timed_out(killed: Killed) -> ExitStatus {
+    match killed {
+        Killed::Done => ExitStatus::TimedOut,
+        Killed::TargetGone(why) => ExitStatus::RunLost(why),
+        Killed::Failed(why) => ExitStatus::KillFailed(why),
+    }
+}
+
+/// The status of an exec whose connection broke, saying whether its processes are gone.
+fn lost(why: String, killed: Killed) -> ExitStatus {
+    match killed {
+        Killed::Done => ExitStatus::TransportLost(why),
+        Killed::TargetGone(gone) => ExitStatus::RunLost(format!("{why}; {gone}")),
+        Killed::Failed(e) => ExitStatus::TransportLost(format!(
+            "{why}; its processes could not be killed ({e}) and may still run"
+        )),
+    }
+}
+
+/// Kills the exec's processes, trying again until [`KILL_BOUND`]: a kill exec the run
+/// refuses (no process slot left under a pids limit, a busy engine) may work a moment
+/// later. A target that is gone ends it at once: nothing of the exec is left to kill.
+async fn kill(control: &dyn ExecControl) -> Killed {
+    let give_up = tokio::time::Instant::now() + KILL_BOUND;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let why = match tokio::time::timeout_at(give_up, control.kill()).await {
+            Ok(Ok(())) => return Killed::Done,
+            Ok(Err(e)) if matches!(e.kind(), ErrorKind::RunLost | ErrorKind::NotFound) => {
+                tracing::debug!("the kill found the run's target gone: {e}");
+                return Killed::TargetGone(e.to_string());
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("the kill did not end within {KILL_BOUND:?}"),
+        };
+        if tokio::time::Instant::now() + pause >= give_up {
+            tracing::warn!("could not kill the exec's processes: {why}");
+            return Killed::Failed(why);
+        }
+        tracing::debug!("the kill failed ({why}); trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -630,6 +718,55 @@ mod tests {
         let s = ExecStream::spawn(&spec, futures::stream::pending().boxed(), None, control);
         assert_eq!(s.wait().await, ExitStatus::TimedOut);
         assert!(killed.load(Ordering::SeqCst));
+    }
+
+    /// A kill that fails `failures` times (usize::MAX: always), then works.
+    struct Stubborn {
+        tries: Arc<std::sync::atomic::AtomicUsize>,
+        failures: usize,
+    }
+
+    #[async_trait]
+    impl ExecControl for Stubborn {
+        async fn status(&self) -> Result<ExitStatus> {
+            Ok(ExitStatus::Exited(0))
+        }
+        async fn kill(&self) -> Result<()> {
+            let n = self.tries.fetch_add(1, Ordering::SeqCst);
+            if n < self.failures {
+                Err(Error::new(ErrorKind::Backend, "no process slot left"))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kill_that_fails_is_tried_again_and_never_reported_as_done() {
+        for (failures, want_killed) in [(3, true), (usize::MAX, false)] {
+            let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let control = Box::new(Stubborn {
+                tries: tries.clone(),
+                failures,
+            });
+            let spec = ExecSpec::new(["x"]).timeout(Duration::from_secs(1));
+            let started = tokio::time::Instant::now();
+            let s = ExecStream::spawn(&spec, futures::stream::pending().boxed(), None, control);
+            let status = s.wait().await;
+            if want_killed {
+                assert_eq!(status, ExitStatus::TimedOut);
+                assert_eq!(tries.load(Ordering::SeqCst), 4);
+            } else {
+                assert!(
+                    matches!(&status, ExitStatus::KillFailed(why) if why.contains("no process slot")),
+                    "{status:?}"
+                );
+                assert!(!status.success());
+                assert!(tries.load(Ordering::SeqCst) > 3);
+                // Bounded: the timeout plus the kill bound.
+                assert!(started.elapsed() <= Duration::from_secs(1) + KILL_BOUND);
+            }
+        }
     }
 
     #[tokio::test]

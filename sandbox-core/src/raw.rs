@@ -683,7 +683,7 @@ async fn bring_up<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) ->
         // working directory; without one, a plain exec does.
         let helper_error = match mode {
             ExecHelper::Off => None,
-            _ => match helper::start(backend, id, true).await {
+            _ => match helper::start(backend, id).await {
                 Ok(session) => {
                     *run.helper.lock().await = HelperState::Ready(session);
                     None
@@ -799,7 +799,8 @@ pub(crate) struct CoreRun<B: Backend> {
     helper: tokio::sync::Mutex<HelperState>,
     /// What a pooled run adds to every exec, since its target was created without it:
     /// known at create and claim, read from the target ([`OVERLAY_FILE`]) by an attached
-    /// run's first exec.
+    /// run's first exec. What is read back only shapes execs inside the target (env,
+    /// working directory), never a host path.
     overlay: tokio::sync::OnceCell<Option<Overlay>>,
 }
 
@@ -814,7 +815,11 @@ struct Overlay {
     /// The run's working directory, when it is not the target's default.
     working_dir: Option<String>,
     /// The host workspace and its path in the target, copied back at stop where cold
-    /// runs mount it live.
+    /// runs mount it live. Known only to the process that claimed the run: never written
+    /// to the target nor read back from it (code in the sandbox may rewrite the settings
+    /// file, and must not choose where the host writes). A run attached later does not
+    /// copy back.
+    #[serde(skip)]
     sync_back: Option<(std::path::PathBuf, String)>,
 }
 
@@ -925,7 +930,28 @@ impl<B: Backend> CoreRun<B> {
             }
             HelperState::Untried => {}
         }
-        match helper::start(&self.backend, &self.id, false).await {
+        let started = match helper::start(&self.backend, &self.id).await {
+            // Every step of a start fails on a target that is gone (an upload's 404, an
+            // exec that cannot begin): that is the run lost, not a helper problem.
+            Err(e) if e.kind() != ErrorKind::RunLost => {
+                match tokio::time::timeout(TARGET_CHECK_BOUND, self.backend.attach_target(&self.id))
+                    .await
+                {
+                    Ok(Err(gone))
+                        if matches!(gone.kind(), ErrorKind::RunLost | ErrorKind::NotFound) =>
+                    {
+                        Err(Error::new(
+                            ErrorKind::RunLost,
+                            format!("the run's target is gone: {gone}"),
+                        )
+                        .with_source(e))
+                    }
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        };
+        match started {
             Ok(s) => {
                 *state = HelperState::Ready(s.clone());
                 Ok(Some(s))
@@ -976,6 +1002,11 @@ impl<B: Backend> Run for CoreRun<B> {
 
     async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
         spec.validate()?;
+        // Through the helper, the exec's timeout runs from here: waiting on the helper
+        // (its start, its answer) counts against it.
+        let deadline = spec
+            .timeout
+            .and_then(|t| tokio::time::Instant::now().checked_add(t));
         let session = match self.mode {
             ExecHelper::Off => None,
             _ => self.helper_for(self.session().await?, &spec)?,
@@ -1011,16 +1042,19 @@ impl<B: Backend> Run for CoreRun<B> {
         };
         if let Some(session) = session {
             let (hid, process) = session
-                .spawn(&raw)
+                .spawn(&raw, deadline)
                 .await
                 .map_err(|e| e.with("run", &self.id))?;
+            let mut left = spec.clone();
+            left.timeout =
+                deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             let control = HelperControl {
                 session,
                 hid,
                 fallback: plain_control(process.status),
             };
             return Ok(span.in_scope(|| {
-                ExecStream::spawn(&spec, process.output, process.stdin, Box::new(control))
+                ExecStream::spawn(&left, process.output, process.stdin, Box::new(control))
             }));
         }
         let process =
@@ -1039,7 +1073,13 @@ impl<B: Backend> Run for CoreRun<B> {
             Some(session) => helper::files::put(&session, dir, tar)
                 .await
                 .map_err(|e| e.with("run", &self.id)),
-            None => self.backend.put_tar(&self.id, dir, tar).await,
+            // The engine's extractor takes a source that stops at an entry boundary for a
+            // whole (smaller) archive: checked here, for every driver, a cut source fails.
+            None => {
+                self.backend
+                    .put_tar(&self.id, dir, files::checked_tar_stream(tar))
+                    .await
+            }
         }
     }
 
@@ -1049,7 +1089,12 @@ impl<B: Backend> Run for CoreRun<B> {
             Some(session) => helper::files::get(&session, path)
                 .await
                 .map_err(|e| e.with("run", &self.id)),
-            None => self.backend.get_tar(&self.id, path).await,
+            // An engine's archive has no success marker of its own (a daemon that fails to
+            // read a file logs it and goes on): checked here, for every driver, a stream
+            // that ends before its end-of-archive or inside an entry fails, naming it.
+            None => Ok(files::checked_tar_stream(
+                self.backend.get_tar(&self.id, path).await?,
+            )),
         }
     }
 
@@ -1108,18 +1153,71 @@ struct HelperControl<B: Backend> {
 #[async_trait]
 impl<B: Backend> ExecControl for HelperControl<B> {
     async fn status(&self) -> Result<ExitStatus> {
-        self.fallback.status.status().await
+        let status = self.fallback.status.status().await;
+        self.fallback.unless_lost(status).await
     }
 
+    /// The helper's kill, bounded by [`helper::KILL_ANSWER_TIMEOUT`]; a helper that does
+    /// not confirm it in time is retired (the next exec starts a new one). Without a
+    /// helper's kill, the engine kills by the exec marker, and continues the old helper
+    /// in case it was stopped (it then sees its closed stream and ends what it started).
     async fn kill(&self) -> Result<()> {
-        match tokio::time::timeout(KILL_EXEC_BOUND, self.session.kill(self.hid)).await {
-            Ok(Ok(())) => Ok(()),
+        match tokio::time::timeout(helper::KILL_ANSWER_TIMEOUT, self.session.kill(self.hid)).await {
+            Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => {
                 tracing::debug!(run = %self.fallback.id, "the helper cannot kill ({e}); killing by the exec marker");
-                self.fallback.kill().await
             }
-            Err(_) => self.fallback.kill().await,
+            Err(_) => {
+                tracing::warn!(run = %self.fallback.id, "the exec helper did not confirm a kill; replacing it, killing by the exec marker");
+                self.session
+                    .retire("the helper did not confirm a kill in time");
+            }
         }
+        let wake = helper::wake(
+            &self.fallback.backend,
+            &self.fallback.id,
+            self.session.hello.pid,
+        );
+        tokio::join!(self.fallback.kill(), wake).0
+    }
+}
+
+/// How long the check that a run's target still runs may take, after an exec that did
+/// not succeed.
+const TARGET_CHECK_BOUND: Duration = Duration::from_secs(10);
+
+impl<B: Backend> Control<B> {
+    /// The status, unless the target vanished or stopped under the command: engines then
+    /// report an exit code of their own (137 on Docker, 126 on Kubernetes) or none, and
+    /// that is never the command's status, but [`ExitStatus::RunLost`]. Checked only when
+    /// the exec did not succeed, so a successful exec costs nothing more.
+    async fn unless_lost(&self, status: Result<ExitStatus>) -> Result<ExitStatus> {
+        if matches!(status, Ok(ExitStatus::Exited(0))) {
+            return status;
+        }
+        // A target being removed kills its processes before the engine marks it stopped:
+        // a SIGKILL (or no status) is looked at again for a moment.
+        let looks = if matches!(status, Ok(ExitStatus::Signaled(9)) | Err(_)) {
+            5
+        } else {
+            1
+        };
+        let give_up = tokio::time::Instant::now() + TARGET_CHECK_BOUND;
+        for look in 1..=looks {
+            match tokio::time::timeout_at(give_up, self.backend.attach_target(&self.id)).await {
+                Ok(Err(e)) if matches!(e.kind(), ErrorKind::RunLost | ErrorKind::NotFound) => {
+                    return Ok(ExitStatus::RunLost(e.to_string()));
+                }
+                Ok(Ok(())) if look < looks => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => {
+                    tracing::debug!(run = %self.id, "after {status:?} the target looks {other:?}");
+                    break;
+                }
+            }
+        }
+        status
     }
 }
 
@@ -1137,7 +1235,8 @@ struct Control<B: Backend> {
 #[async_trait]
 impl<B: Backend> ExecControl for Control<B> {
     async fn status(&self) -> Result<ExitStatus> {
-        self.status.status().await
+        let status = self.status.status().await;
+        self.unless_lost(status).await
     }
 
     /// One more raw exec of [`KILL_SCRIPT`]: not an [`ExecStream`], so nothing kills it in
@@ -1154,13 +1253,19 @@ impl<B: Backend> ExecControl for Control<B> {
             user: self.user.clone(),
             stdin: Stdin::Null,
         };
+        // What the kill says on stderr (which processes outlived it), kept bounded.
+        let mut said = Vec::new();
         let kill = async {
             let mut process = self.backend.exec_raw(&self.id, raw).await?;
             drop(process.stdin.take());
             while let Some(chunk) = process.output.next().await {
-                chunk.map_err(|e| {
+                let chunk = chunk.map_err(|e| {
                     Error::new(ErrorKind::Backend, "the kill exec broke").with_source(e)
                 })?;
+                if let crate::exec::OutputChunk::Stderr(b) = chunk {
+                    let room = 512usize.saturating_sub(said.len());
+                    said.extend_from_slice(&b[..b.len().min(room)]);
+                }
             }
             process.status.status().await
         };
@@ -1172,10 +1277,39 @@ impl<B: Backend> ExecControl for Control<B> {
         if status.success() {
             Ok(())
         } else {
-            Err(
-                Error::new(ErrorKind::Backend, format!("the kill exec {status}"))
-                    .with("run", &self.id),
+            let said = String::from_utf8_lossy(&said);
+            let said = said.trim();
+            Err(Error::new(
+                ErrorKind::Backend,
+                if said.is_empty() {
+                    format!("the kill exec {status}")
+                } else {
+                    format!("the kill exec {status}: {said}")
+                },
             )
+            .with("run", &self.id))
         }
+    }
+}
+
+#[cfg(test)]
+mod overlay_tests {
+    use super::Overlay;
+
+    /// The settings file lives in the sandbox: a host path in it is neither written nor
+    /// believed.
+    #[test]
+    fn the_settings_file_never_carries_a_host_path() {
+        let forged = r#"{"env":[],"working_dir":null,"sync_back":["/etc","/workspace"]}"#;
+        let read: Overlay = serde_json::from_str(forged).unwrap();
+        assert!(read.sync_back.is_none());
+        let written = serde_json::to_string(&Overlay {
+            env: vec![("A".into(), "1".into())],
+            working_dir: None,
+            sync_back: Some(("/home/me/project".into(), "/workspace".into())),
+        })
+        .unwrap();
+        assert!(!written.contains("/home/me/project"), "{written}");
+        assert!(!written.contains("sync_back"), "{written}");
     }
 }

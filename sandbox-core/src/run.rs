@@ -123,7 +123,8 @@ pub trait RunExt: Run {
     ///
     /// A command that could not start because the exec's `working_dir` or `user` does not
     /// exist in the run is an [`ErrorKind::NotFound`] error naming that field
-    /// ([`crate::ExitStatus::NotStarted`] on a stream).
+    /// ([`crate::ExitStatus::NotStarted`] on a stream); a target that vanished while the
+    /// command ran is an [`ErrorKind::RunLost`] error ([`crate::ExitStatus::RunLost`]).
     async fn exec(&self, spec: ExecSpec) -> Result<ExecOutput> {
         let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
         let out = self.exec_stream(spec).await?.collect(limit).await;

@@ -36,6 +36,7 @@ mod body;
 mod credentials;
 mod error;
 mod exec;
+mod hostdir;
 #[cfg(feature = "ssh")]
 mod ssh;
 
@@ -549,6 +550,45 @@ impl DockerDriver {
         Ok(process.status.status().await?.success())
     }
 
+    /// Waits until the name a claim gave resolves. Podman's rename returns before every
+    /// lookup sees the new name: under load a claim's next request by that name was once
+    /// answered "no such container" ("is a pod, not a container"), and the claimed run
+    /// was lost. Bounded: a name that never resolves is an error.
+    async fn await_name(&self, name: &str) -> Result<()> {
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self
+                .docker
+                .inspect_container(
+                    name,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+            {
+                Ok(found)
+                    if found.name.as_deref().map(|n| n.trim_start_matches('/')) == Some(name) =>
+                {
+                    return Ok(());
+                }
+                Ok(_) => {}
+                Err(e) if error::status(&e) == Some(404) => {}
+                Err(e) => {
+                    return Err(self.locate(error::map("inspect container", e).with("run", name)));
+                }
+            }
+            if std::time::Instant::now() + pause > give_up {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    "the claimed container's new name did not resolve within 10 s",
+                )
+                .with("run", name));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
     /// Names the daemon address in errors that say it could not be reached.
     fn locate(&self, e: Error) -> Error {
         if e.kind() == ErrorKind::Unavailable {
@@ -558,21 +598,43 @@ impl DockerDriver {
         }
     }
 
-    async fn ensure_image(&self, plan: &Plan<'_>) -> Result<()> {
+    /// Makes the image present as the pull policy says, and returns the reference the
+    /// container is created from: the spec's image, or, for a name the engine could take
+    /// for an image ID prefix (`5`, `0a1b`), the ID of the local image that carries that
+    /// name, or the name written out in full once pulled — never an image found by prefix.
+    async fn ensure_image(&self, plan: &Plan<'_>) -> Result<String> {
         let (image, policy) = (plan.spec.image.as_str(), plan.spec.pull);
+        let hex_name = runcell_core::could_be_id_prefix(image);
         let present = match self.docker.inspect_image(image).await {
-            Ok(_) => true,
-            Err(e) if error::status(&e) == Some(404) => false,
+            // An engine answers a hex name with the image whose ID begins with it when
+            // no image has the name: the name counts only if the image carries it.
+            Ok(found) if hex_name => {
+                let tag = format!("{image}:latest");
+                let named = found.repo_tags.iter().flatten().any(|t| {
+                    t == &tag || t.strip_suffix(&tag).is_some_and(|host| host.ends_with('/'))
+                });
+                match found.id {
+                    Some(id) if named => Some(id),
+                    _ => None,
+                }
+            }
+            Ok(_) => Some(image.to_string()),
+            Err(e) if error::status(&e) == Some(404) => None,
             Err(e) => return Err(error::map("inspect image", e).with("image", image)),
+        };
+        let pulled_as = if hex_name {
+            runcell_core::qualified_name(image)
+        } else {
+            image.to_string()
         };
         let pull = match policy {
             PullPolicy::Always => true,
-            PullPolicy::IfNotPresent => !present,
+            PullPolicy::IfNotPresent => present.is_none(),
             PullPolicy::Never => false,
         };
         if !pull {
-            return if present {
-                Ok(())
+            return if let Some(present) = present {
+                Ok(present)
             } else {
                 Err(Error::new(
                     ErrorKind::NotFound,
@@ -618,13 +680,13 @@ impl DockerDriver {
                 }
             }
         };
-        match pulled {
-            Ok(()) => Ok(()),
-            Err(e) if present => {
+        match (pulled, present) {
+            (Ok(()), _) => Ok(pulled_as),
+            (Err(e), Some(present)) => {
                 tracing::warn!(image, "pull failed, using the local image: {e}");
-                Ok(())
+                Ok(present)
             }
-            Err(e) if refused(&e) => Err(Error::new(
+            (Err(e), None) if refused(&e) => Err(Error::new(
                 ErrorKind::NotFound,
                 format!(
                     "image {image} is not present and registry {registry} refused the pull ({}): check the registry credentials",
@@ -638,7 +700,7 @@ impl DockerDriver {
             .with("image", image)
             .with("registry", &registry)
             .with_source(e)),
-            Err(e) => Err(Error::new(
+            (Err(e), None) => Err(Error::new(
                 ErrorKind::NotFound,
                 format!("image {image} is not present and could not be pulled"),
             )
@@ -789,9 +851,13 @@ impl Backend for DockerDriver {
 
     async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
         let spec = plan.spec;
-        self.ensure_image(plan).await?;
+        let image = self.ensure_image(plan).await?;
         plan.report(Progress::Step("creating the container".into()));
         let mut body = container_body(spec, &plan.labels);
+        if self.podman {
+            body::podman_binds(&mut body);
+        }
+        body.image = Some(image);
         if plan.pool.is_some() {
             // A pooled container gets its CA files after the claim, through the archive
             // API: a volume keeps that place writable under a read-only root.
@@ -882,10 +948,38 @@ impl Backend for DockerDriver {
             .collect())
     }
 
+    /// Removes the container; then, if it had a host workspace (as the engine recorded
+    /// the bind at creation), defuses what the run left there (`hostdir`).
     async fn remove_target(&self, id: &str) -> Result<()> {
+        let bind = match self
+            .docker
+            .inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
+            Ok(inspect) => hostdir::workspace_bind(&inspect),
+            Err(_) => None,
+        };
         remove_container(&self.docker, id)
             .await
-            .map_err(|e| self.locate(e))
+            .map_err(|e| self.locate(e))?;
+        if let Some(dir) = bind {
+            let done = tokio::task::spawn_blocking(move || (hostdir::defuse(&dir), dir)).await;
+            match done {
+                Ok((done, dir)) => {
+                    if done.cleared + done.removed > 0 {
+                        tracing::info!(run = %id, cleared = done.cleared, removed = done.removed, "the run left setuid/setgid files or device nodes in its host workspace: defused");
+                    }
+                    for (path, e) in done.failed.iter().take(5) {
+                        tracing::warn!(run = %id, workspace = %dir.display(), "could not defuse {}: {e}", path.display());
+                    }
+                }
+                Err(e) => tracing::warn!(run = %id, "defusing the host workspace panicked: {e}"),
+            }
+        }
+        Ok(())
     }
 
     async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
@@ -954,6 +1048,7 @@ impl Backend for DockerDriver {
             )
             .await
         {
+            Ok(()) if self.podman => self.await_name(&plan.id).await.map(|()| true),
             Ok(()) => Ok(true),
             // Gone, already renamed by another claim, or its new name taken.
             Err(e) if matches!(error::status(&e), Some(400 | 404 | 409)) => Ok(false),
@@ -1086,10 +1181,31 @@ async fn put_archive(docker: &Docker, id: &str, dir: &str, tar: ByteStream) -> R
         .path(dir)
         .no_overwrite_dir_non_dir("true")
         .build();
-    match docker
+    // Core checks the source (a cut one fails inside an entry); the failure is kept to
+    // name the entry instead of the engine's generic error.
+    let cut: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let tar = {
+        let cut = cut.clone();
+        tar.inspect_err(move |e| {
+            cut.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        })
+        .boxed()
+    };
+    let uploaded = docker
         .upload_to_container(id, Some(options), bollard::body_try_stream(tar))
-        .await
-    {
+        .await;
+    if let Some(why) = cut.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(Error::new(
+            ErrorKind::Backend,
+            format!("the archive to upload failed: {why}"),
+        )
+        .with_operation("upload archive")
+        .with("run", id)
+        .with("dir", dir));
+    }
+    match uploaded {
         Ok(()) => Ok(()),
         // 400 or 500 ("Error processing tar file(exit status 1): cannot overwrite
         // directory ... with non-directory"), depending on the daemon's version.
@@ -1129,6 +1245,7 @@ async fn get_archive(docker: &Docker, id: &str, path: &str) -> Result<ByteStream
         }
     };
     let rest = chunks.map_err(std::io::Error::other);
+    // Core checks that the archive ends whole (`files::checked_tar_stream`).
     Ok(futures::stream::iter(first.map(Ok)).chain(rest).boxed())
 }
 

@@ -43,6 +43,14 @@ pub async fn hostile_run_specs_are_typed_errors(cx: &Context) -> anyhow::Result<
         ("image", with(&|s| s.image = "garbage:::".into())),
         ("image", with(&|s| s.image = "team/img:".into())),
         ("image", with(&|s| s.image = "img\nx".into())),
+        // An image ID only whole: a prefix would pick any image whose ID begins so.
+        ("image", with(&|s| s.image = "sha256:0123abcd".into())),
+        ("image", with(&|s| s.image = "0".repeat(64))),
+        // Below what engines take: refused before anything exists.
+        (
+            "resources.memory_bytes",
+            with(&|s| s.resources.memory_bytes = Some(4 << 20)),
+        ),
         ("env[0].name", base.clone().env("A\nB", "x")),
         ("env[0].name", base.clone().env("A\rB", "x")),
         ("env[0].value", base.clone().env("BIG", big(1 << 20))),

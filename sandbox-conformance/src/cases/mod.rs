@@ -10,10 +10,15 @@ mod env;
 mod exec;
 mod files;
 mod helper;
+mod honesty;
+mod host_files;
 mod hostile;
+mod hostile_helper;
+mod isolation;
 mod lifecycle;
 mod pool;
 mod robustness;
+mod transfers;
 mod workspace;
 
 pub use capabilities::*;
@@ -22,10 +27,15 @@ pub use env::*;
 pub use exec::*;
 pub use files::*;
 pub use helper::*;
+pub use honesty::*;
+pub use host_files::*;
 pub use hostile::*;
+pub use hostile_helper::*;
+pub use isolation::*;
 pub use lifecycle::*;
 pub use pool::*;
 pub use robustness::*;
+pub use transfers::*;
 pub use workspace::*;
 
 macro_rules! case {
@@ -60,6 +70,7 @@ pub static CASES: &[Case] = &[
     case!(progress_is_reported_and_detached_runs_have_no_owner),
     case!(entrypoint_never_runs),
     case!(missing_image_is_not_found),
+    case!(image_names_never_match_an_image_id_prefix),
     case!(workspace_persists_across_execs),
     case!(workspace_host_dir_is_shared, |c| c.workspace_mount
         || c.workspace_seed),
@@ -82,6 +93,10 @@ pub static CASES: &[Case] = &[
     case!(files_round_trip, files),
     case!(file_operations_never_replace_directories, files),
     case!(large_files_stream_in_bounded_memory, files),
+    case!(a_directory_get_with_an_unreadable_file_names_it, files),
+    case!(a_file_cut_while_it_is_read_fails_the_transfer, files),
+    case!(a_cut_upload_is_an_error_and_leaves_no_temporary_file, files),
+    case!(a_sparse_file_round_trip_keeps_its_holes, files),
     case!(stop_is_idempotent_and_leaves_nothing),
     case!(dropped_guard_cleans_up),
     case!(guard_cleans_up_on_panic),
@@ -89,6 +104,8 @@ pub static CASES: &[Case] = &[
     case!(attach_sees_the_same_run, |c| c.attach),
     case!(removed_target_is_run_lost),
     case!(timeout_kills_the_process_tree),
+    case!(a_timed_out_exec_is_killed_or_says_it_was_not, |c| c
+        .pids_limit),
     case!(timeout_kills_descendants_that_cleared_their_env),
     case!(cancellation_kills_the_process_tree),
     case!(background_stdout_holder_returns),
@@ -123,4 +140,30 @@ pub static CASES: &[Case] = &[
     case!(a_dead_helper_loses_execs_and_recovers),
     case!(unread_floods_time_out_and_leave_nothing),
     case!(background_processes_outlive_the_run_handle, |c| c.attach),
+    case!(a_stopped_helper_cannot_stretch_a_timeout),
+    case!(garbage_on_the_helpers_streams_costs_only_its_session),
+    case!(a_hostile_helper_binary_cannot_stall_or_bloat_the_host),
+    case!(a_new_session_runs_the_shipped_helper),
+    case!(
+        a_forged_settings_file_never_chooses_a_host_path,
+        attach_and_host_dir
+    ),
+    case!(
+        setuid_files_from_the_run_land_on_the_host_without_it,
+        host_dir
+    ),
+    case!(a_system_folder_as_workspace_is_refused_before_anything_exists),
+    case!(
+        a_devcontainer_mount_outside_the_project_needs_an_opt_in,
+        host_dir
+    ),
+    case!(
+        an_exec_that_joins_another_execs_group_cannot_take_it_down,
+        files
+    ),
+    case!(
+        a_daemon_that_escaped_its_exec_dies_with_it_while_another_runs,
+        files
+    ),
+    case!(one_execs_kill_never_reaches_another_execs_processes, files),
 ];
