@@ -30,10 +30,40 @@ fn installed(package: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+fn on_path(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A Debian package, and how to tell it is there.
+type Package = (&'static str, fn() -> bool);
+
+/// The Debian packages the tests need besides the demo's: the TLS and ssh transports'
+/// tests (openssl, sshd, ssh), the loopback registry (docker-registry), and Podman's
+/// rootful and rootless services (podman, catatonit, newuidmap).
+const TEST_PACKAGES: [Package; 7] = [
+    ("openssl", || on_path("openssl")),
+    ("docker-registry", || installed("docker-registry")),
+    ("podman", || on_path("podman")),
+    ("catatonit", || installed("catatonit")),
+    ("uidmap", || {
+        std::path::Path::new("/usr/bin/newuidmap").exists()
+    }),
+    ("openssh-server", || {
+        std::path::Path::new("/usr/sbin/sshd").exists()
+    }),
+    ("openssh-client", || on_path("ssh")),
+];
+
 /// What the demo needs on the machine: the Docker engine and CLI, and a static busybox
-/// for the test image. On Debian as root, installs what is missing with apt-get (saying
-/// what); elsewhere says exactly what to install.
-pub fn ensure_packages() -> Result<()> {
+/// for the test image; with `for_tests`, also [`TEST_PACKAGES`]. On Debian as root,
+/// installs what is missing with apt-get (saying what); elsewhere says exactly what to
+/// install.
+pub fn ensure_packages(for_tests: bool) -> Result<()> {
     let has_docker = Command::new("docker").arg("--version").output().is_ok()
         && ["/usr/sbin/dockerd", "/usr/bin/dockerd"]
             .iter()
@@ -51,13 +81,21 @@ pub fn ensure_packages() -> Result<()> {
     if !has_busybox {
         need.push("busybox-static");
     }
+    if for_tests {
+        need.extend(
+            TEST_PACKAGES
+                .iter()
+                .filter(|(_, present)| !present())
+                .map(|(name, _)| *name),
+        );
+    }
     if need.is_empty() {
         return Ok(());
     }
     let apt = std::path::Path::new("/usr/bin/apt-get").exists();
     if !(apt && is_root()) {
         bail!(
-            "missing: {}. Install them: `sudo apt-get install {}` on Debian or Ubuntu;              elsewhere the Docker engine and CLI, and a statically linked busybox at /bin/busybox",
+            "missing: {}. Install them: `sudo apt-get install {}` on Debian or Ubuntu; elsewhere their equivalents (the Docker engine and CLI, a statically linked busybox at /bin/busybox, ...)",
             need.join(", "),
             need.join(" ")
         );

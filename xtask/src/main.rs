@@ -82,7 +82,7 @@ fn main() -> std::process::ExitCode {
 fn run(task: Task) -> Result<()> {
     match task {
         Task::Demo => {
-            engine::ensure_packages()?;
+            engine::ensure_packages(false)?;
             engine::ensure_docker()?;
             images::build()?;
             cargo(&["build", "--quiet", "-p", "runcell-cli"], &[])?;
@@ -162,6 +162,8 @@ fn run(task: Task) -> Result<()> {
         Task::Test { keep_cluster } => {
             check_required_drivers()?;
             check_free_space()?;
+            // A fresh machine: what the tests need is installed first, as for the demo.
+            engine::ensure_packages(true)?;
             // Every run the suite creates carries this session label value, so the
             // leftover checks at the end see this test session's runs and no one else's.
             let session = test_session();
@@ -337,6 +339,9 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
 /// (`runcell_conformance::harness::SESSION_ENV`; xtask does not link the suite).
 const SESSION_ENV: &str = "SANDBOX_CONFORMANCE_SESSION";
 
+/// The full ID (`sha256:...`) of the suite's image (`runcell_conformance::IMAGE_ID_ENV`).
+const IMAGE_ID_ENV: &str = "SANDBOX_CONFORMANCE_IMAGE_ID";
+
 /// Non-empty: the harness takes every run of the suite from a warm pool
 /// (`runcell_conformance::harness::POOLED_ENV`).
 const POOLED_ENV: &str = "SANDBOX_CONFORMANCE_POOLED";
@@ -428,6 +433,9 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
             entry.insert(binary);
         }
     }
+    // The suite's image ID, for the case that an image name never matches an ID prefix
+    // (the Podman engines and the cluster's node hold the same image, loaded from Docker's).
+    let image_id = images::id(images::BUSYBOX)?;
     let mut children = Vec::new();
     for suite in suites {
         let log_path = logs.join(format!("{}.log", suite.label.replace('/', "-")));
@@ -470,6 +478,7 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
             )
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("SANDBOX_TEST", suite.driver)
+            .env(IMAGE_ID_ENV, &image_id)
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
