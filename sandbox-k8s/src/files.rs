@@ -133,11 +133,19 @@ impl K8sDriver {
                         let status = stream.wait().await;
                         return (!status.success()).then(|| {
                             let messages = String::from_utf8_lossy(&stderr);
+                            // tar writes an empty archive for a path that is not there,
+                            // then fails saying so: that is a missing file, not a
+                            // broken transfer.
+                            let kind = if messages.contains("No such file or directory") {
+                                std::io::ErrorKind::NotFound
+                            } else {
+                                std::io::ErrorKind::Other
+                            };
                             (
-                                Err(std::io::Error::other(format!(
-                                    "tar in the pod {status}: {}",
-                                    messages.trim()
-                                ))),
+                                Err(std::io::Error::new(
+                                    kind,
+                                    format!("tar in the pod {status}: {}", messages.trim()),
+                                )),
                                 None,
                             )
                         });
