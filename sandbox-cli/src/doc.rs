@@ -13,7 +13,7 @@ pub const MAX_DOCUMENT_BYTES: u64 = 1 << 20;
 /// How deep maps and lists may nest.
 pub const MAX_DEPTH: usize = 64;
 /// How many values a document may hold once YAML aliases are expanded (an alias bomb of
-/// 1 KiB expands to billions).
+/// 1 KiB expands to billions); 64 bytes of text count as one value.
 pub const MAX_NODES: usize = 100_000;
 /// The name of a newtype struct that takes any scalar as its text as written (`8080`,
 /// `true`, `1.10`): for fields where a hand-written file means the text, such as env values
@@ -268,7 +268,7 @@ impl YamlBuilder {
         self.nodes = self.nodes.saturating_add(size);
         if self.nodes > MAX_NODES {
             self.error.get_or_insert(format!(
-                "line {line}: more than {MAX_NODES} values (with aliases expanded)"
+                "line {line}: more than {MAX_NODES} values (with aliases expanded, 64 bytes of text counting as one)"
             ));
             return false;
         }
@@ -330,12 +330,15 @@ impl yaml_rust2::parser::MarkedEventReceiver for YamlBuilder {
                 }
             }
             Event::Scalar(value, style, anchor, tag) => {
-                if !self.admit(1, line) {
+                // A long text counts as many values (one per 64 bytes): an alias copies
+                // its bytes, so 100 000 aliases of one 512 KiB text must not pass.
+                let size = 1 + value.len() / 64;
+                if !self.admit(size, line) {
                     return;
                 }
                 let node = Node::new(line, yaml_scalar(value, style, tag.is_some()));
-                self.anchor(anchor, &node, 1);
-                self.insert(node, 1);
+                self.anchor(anchor, &node, size);
+                self.insert(node, size);
             }
             Event::Alias(id) => match self.anchors.get(&id).map(|(_, size)| *size) {
                 Some(size) => {

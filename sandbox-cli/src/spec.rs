@@ -886,6 +886,14 @@ mod tests {
         let e = error_of("s.yaml", &bomb);
         assert!(e.contains("more than 100000 values"), "{e}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Aliases of one long text: values few, bytes many.
+        let mut copies = format!("image: x\nlabels:\n  a: &t {}\n", "y".repeat(512 << 10));
+        copies.push_str("post_create:\n");
+        for _ in 0..1000 {
+            copies.push_str("  - [*t]\n");
+        }
+        let e = error_of("s.yaml", &copies);
+        assert!(e.contains("more than 100000 values"), "{e}");
         // Nesting past the depth bound, in each format.
         let deep = 10_000;
         for (name, text) in [

@@ -1491,15 +1491,24 @@ impl Helper {
     /// `KILL`: the exec's shepherd kills its processes (stop, TERM + CONT, grace, KILL)
     /// and exits once none is left; then `KILLED`.
     fn kill_exec(&'static self, id: u32) {
+        let mut all_gone = true;
         if let Some(ex) = self.exec(id) {
+            // A shepherd stopped from inside (`kill -STOP $PPID`) would never kill: it is
+            // this helper's child, so its pid is its own until reaped.
+            sys::signal(ex.shepherd, sys::SIGCONT);
             ex.order_kill(false);
             if !ex.wait_shepherd(Instant::now() + KILL_CONFIRM) {
                 diag(format_args!(
                     "exec {id}: its processes are not all gone {KILL_CONFIRM:?} after the kill"
                 ));
+                all_gone = false;
             }
         }
-        self.send_empty(KILLED, id);
+        // Never a kill that did not happen: the host then kills by the exec marker, and
+        // reports the exec KillFailed if that fails too.
+        let mut f = Enc::frame(KILLED, id);
+        f.u8(u8::from(all_gone));
+        self.send(f.finish());
     }
 
     /// Has the shepherd of every exec whose `EXIT` was not sent kill its processes at

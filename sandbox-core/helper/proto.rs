@@ -32,6 +32,9 @@
 //! - host `KILL` → the helper kills the exec's whole process tree (see below) and answers
 //!   `KILLED` once it is done (the `EXIT` of the root still follows, if not sent yet).
 //!   `KILL` for an id the helper does not know (already exited) answers `KILLED` at once.
+//!   `KILLED`'s payload is one byte: 1 when every process of the exec is gone, 0 when some
+//!   outlived the kill's bound (the host then kills by the exec marker and never reports
+//!   the kill as done); an empty payload is 1.
 //!   `KILL` implies `DISCARD`.
 //! - host `DISCARD`: the host's reader of this id is gone; see [`DISCARD`].
 //! - The host counts what it receives against the credit it granted; a helper that sends

@@ -298,7 +298,7 @@ fn start(ctl: OwnedFd) -> io::Result<Option<Shepherd>> {
     // The exec's pipes are the command's alone from now on: their EOF is its business.
     let _ = sys::stdio_to_null();
     let _ = sys::set_nonblocking(ctl.as_raw_fd());
-    Ok(Some(Shepherd {
+    let mut shepherd = Shepherd {
         pid: std::process::id() as i32,
         ctl,
         ctl_open: told,
@@ -306,7 +306,13 @@ fn start(ctl: OwnedFd) -> io::Result<Option<Shepherd>> {
         root,
         reported: false,
         inbox: Vec::with_capacity(64),
-    }))
+    };
+    if !told {
+        // The helper gave up on this spawn (it answered the host that the command did
+        // not start): nothing may run that nobody can kill.
+        shepherd.kill_tree(true);
+    }
+    Ok(Some(shepherd))
 }
 
 /// A running shepherd.
@@ -405,7 +411,11 @@ impl Shepherd {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(_) => {
+                    // A reset is a close with data unread: the same as EOF.
                     self.ctl_open = false;
+                    if !self.reported {
+                        self.kill_tree(true);
+                    }
                     return;
                 }
             }

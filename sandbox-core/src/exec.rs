@@ -40,8 +40,9 @@ pub const EXEC_ID_ENV: &str = "SANDBOX_EXEC_ID";
 /// so nothing forks meanwhile), found again, then gets TERM and CONT, and KILL after one
 /// second; it fails (non-zero) when any of them is still alive a second after that, and
 /// the shell fails when it cannot fork (a pids limit reached), so a kill that did not
-/// happen is never taken for one. Needs a POSIX `sh` with `cat`, `tr`, `grep` and `sleep`
-/// (BusyBox or coreutils).
+/// happen is never taken for one; `/proc/<pid>/stat` is read with the shell's own `read`,
+/// never a fork, so a process counts as gone only when its stat is. Needs a POSIX `sh`
+/// with `tr`, `grep` and `sleep` (BusyBox or coreutils).
 ///
 /// Another exec's processes are never among those found: each engine exec is a session
 /// of its own, so none of its processes can join a process group of this exec's, and a
@@ -58,11 +59,14 @@ pub const KILL_SCRIPT: &str = r#"
 id="$1"
 me=$$
 info() {
-  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  echo "${s##*) }"
+  read -r s 2>/dev/null < "/proc/$1/stat" || return 1
+  set -- ${s##*) }
+  st=$1; pp=$2; pg=$3; sid=$4; start=${20}
 }
-set -- $(info $me); my_pg=$3; my_sid=$4
-set -- $(info 1); one_pg=$3; one_sid=$4
+info $me || exit 3
+my_pg=$pg; my_sid=$sid
+one_pg=; one_sid=
+info 1 && { one_pg=$pg; one_sid=$sid; }
 pids=" "
 starts=" "
 groups=" "
@@ -77,7 +81,7 @@ collect() {
     case "$pids" in *" $p "*) continue;; esac
     if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "SANDBOX_EXEC_ID=$id"; then
       pids="$pids$p "
-      set -- $(info "$p") && { add_group "$3"; add_group "$4"; starts="$starts$p:${20} "; }
+      info "$p" && { add_group "$pg"; add_group "$sid"; starts="$starts$p:$start "; }
     fi
   done
   changed=1
@@ -87,21 +91,22 @@ collect() {
       p=${d#/proc/}
       [ "$p" = "$me" ] && continue
       case "$pids" in *" $p "*) continue;; esac
-      set -- $(info "$p") || continue
-      case "$pids$groups" in *" $2 "*|*" $3 "*|*" $4 "*) pids="$pids$p "; starts="$starts$p:${20} "; changed=1;; esac
+      info "$p" || continue
+      case "$pids$groups" in *" $pp "*|*" $pg "*|*" $sid "*) pids="$pids$p "; starts="$starts$p:$start "; changed=1;; esac
     done
   done
 }
 ours() {
+  live=
   for p in $pids; do
-    set -- $(info "$p") || continue
-    case "$starts" in *" $p:${20} "*) echo "$p";; esac
+    info "$p" || continue
+    case "$starts" in *" $p:$start "*) live="$live $p";; esac
   done
 }
 alive() {
   for p in $pids; do
-    set -- $(info "$p") || continue
-    [ "$1" != Z ] && case "$starts" in *" $p:${20} "*) return 0;; esac
+    info "$p" || continue
+    [ "$st" != Z ] && case "$starts" in *" $p:$start "*) return 0;; esac
   done
   return 1
 }
@@ -110,14 +115,14 @@ collect
 kill -STOP $pids 2>/dev/null
 collect
 kill -STOP $pids 2>/dev/null
-live=$(ours)
+ours
 kill -TERM $live 2>/dev/null
 kill -CONT $live 2>/dev/null
 for _ in 1 2 3 4 5 6 7 8 9 10; do
   alive || exit 0
   sleep 0.1
 done
-live=$(ours)
+ours
 kill -KILL $live 2>/dev/null
 for _ in 1 2 3 4 5 6 7 8 9 10; do
   alive || exit 0

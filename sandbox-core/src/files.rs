@@ -438,9 +438,13 @@ pub async fn file_from_tar_stream(tar: ByteStream, path: &str) -> Result<FileRea
         if block.iter().all(|b| *b == 0) {
             // An empty archive, unless the rest of the stream says why it is empty (tar
             // in the run that could not read the file writes an empty archive, then fails).
-            tokio::io::copy(&mut reader, &mut tokio::io::sink())
-                .await
-                .map_err(|e| unreadable(path, e))?;
+            // A stream that ends saying the path is not there (`NotFound`) is a missing
+            // file too.
+            match tokio::io::copy(&mut reader, &mut tokio::io::sink()).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(unreadable(path, e)),
+            }
             return Err(Error::new(ErrorKind::NotFound, "no such file in the run")
                 .with_field("path")
                 .with("path", path));
@@ -581,7 +585,7 @@ impl TarCheck {
                 CheckState::Data {
                     left, pad, meta, ..
                 } => {
-                    let n = (data.len() as u64).min(*left + *pad) as usize;
+                    let n = (data.len() as u64).min(left.saturating_add(*pad)) as usize;
                     let body = (n as u64).min(*left) as usize;
                     if let Some((_, buf)) = meta.as_mut() {
                         let keep = body.min(META_LIMIT.saturating_sub(buf.len()));
@@ -655,12 +659,6 @@ impl TarCheck {
                 self.after()
             )));
         }
-        let size = match self.next_size.take() {
-            Some(s) => s,
-            None => header
-                .entry_size()
-                .map_err(|e| check_error(format!("a bad entry size {}: {e}", self.after())))?,
-        };
         let kind = header.entry_type();
         let meta = matches!(
             kind,
@@ -669,8 +667,23 @@ impl TarCheck {
                 | tar::EntryType::XHeader
                 | tar::EntryType::XGlobalHeader
         );
+        // A PAX size is the next real entry's, never an extension header's (as the tar
+        // crate reads it).
+        let pending = if meta { None } else { self.next_size.take() };
+        let size = match pending {
+            Some(s) => s,
+            None => header
+                .entry_size()
+                .map_err(|e| check_error(format!("a bad entry size {}: {e}", self.after())))?,
+        };
+        // No file is larger: a size past it (a base-256 field, a PAX record) is a lie.
+        if size > i64::MAX as u64 {
+            return Err(check_error(format!(
+                "a bad entry size {size} {}",
+                self.after()
+            )));
+        }
         if meta {
-            self.next_size = None;
             self.state = data_state(size, Some((kind.as_byte(), Vec::new())));
             return Ok(());
         }
@@ -995,6 +1008,25 @@ mod tests {
         dropped.extend_from_slice(&[0u8; 1024]);
         let e = check_all(&dropped, 512).unwrap_err();
         assert!(e.to_string().contains("dir/big"), "{e}");
+    }
+
+    #[test]
+    fn a_lying_entry_size_is_refused_not_looped_on() {
+        // A base-256 size of u64::MAX: once `left + pad` wrapped to 0 and the check spun.
+        let mut header = tar::Header::new_gnu();
+        header.set_path("big").unwrap();
+        header.set_mode(0o644);
+        header.set_size(0);
+        let block = header.as_mut_bytes();
+        block[124] = 0x80;
+        block[125..136].fill(0xff);
+        header.set_cksum();
+        let mut data = header.as_bytes().to_vec();
+        data.extend_from_slice(&[7u8; 4096]);
+        let started = std::time::Instant::now();
+        let e = check_all(&data, 512).unwrap_err();
+        assert!(e.to_string().contains("bad entry size"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
     #[test]

@@ -81,6 +81,13 @@ pub(crate) fn defuse(dir: &Path) -> Defused {
                 }
                 continue;
             }
+            // File capabilities are setuid in another form (`setcap cap_setuid+ep` from
+            // the run's root, which holds CAP_SETFCAP by default), and chmod keeps them.
+            match rustix::fs::lremovexattr(&path, "security.capability") {
+                Ok(()) => done.cleared += 1,
+                Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => {}
+                Err(e) => done.failed.push((path.clone(), e.to_string())),
+            }
             let mode = meta.permissions().mode();
             if mode & 0o6000 != 0 {
                 // By path, but only after `symlink_metadata` said it is no link, and with
@@ -133,6 +140,35 @@ mod tests {
         assert_eq!(mode(&ws.join("sub")), 0o2775, "directories keep their bits");
         assert_eq!(mode(&outside.join("theirs")), 0o4755, "a link was followed");
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn file_capabilities_come_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("capable");
+        std::fs::write(&file, "x").unwrap();
+        // vfs_cap_data revision 2, effective: cap_setuid (bit 7) permitted.
+        let mut cap = Vec::new();
+        for word in [0x0200_0001u32, 1 << 7, 0, 0, 0] {
+            cap.extend_from_slice(&word.to_le_bytes());
+        }
+        let name = "security.capability";
+        if let Err(e) = rustix::fs::setxattr(&file, name, &cap, rustix::fs::XattrFlags::empty()) {
+            // Setting it takes CAP_SETFCAP and a file system with xattrs (CI has both).
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "cannot set a file capability here: {e}"
+            );
+            eprintln!("skipped: cannot set a file capability here: {e}");
+            return;
+        }
+        let done = defuse(dir.path());
+        assert_eq!(done.cleared, 1, "{done:?}");
+        let mut buf = [0u8; 64];
+        assert_eq!(
+            rustix::fs::getxattr(&file, name, &mut buf[..]).unwrap_err(),
+            rustix::io::Errno::NODATA
+        );
     }
 
     #[test]

@@ -123,3 +123,43 @@ pub async fn a_timed_out_exec_is_killed_or_says_it_was_not(cx: &Context) -> anyh
     }
     cx.assert_case_clean().await
 }
+
+/// Through the helper, a command that stops its own shepherd (`kill -STOP $PPID`, as the
+/// helper's user may) and outlives its timeout is still killed (`TimedOut`, none of its
+/// processes left) or said not to be (`KillFailed`): a stopped shepherd never makes a
+/// kill look done.
+pub async fn a_stopped_shepherd_cannot_hide_a_kill(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    if run.exec_path() != runcell_core::ExecPath::Helper {
+        run.stop().await?;
+        return cx.assert_case_clean().await;
+    }
+    let spec = ExecSpec::new(["sh", "-c", "kill -STOP $PPID; sleep 600 & sleep 600"])
+        .env("RUNCELL_TEST_STOPPER", "1")
+        .timeout(Duration::from_secs(2));
+    let started = Instant::now();
+    let status = run.exec(spec).await?.status;
+    let bound = Duration::from_secs(2) + runcell_core::KILL_BOUND + Duration::from_secs(15);
+    ensure!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    match &status {
+        ExitStatus::TimedOut => {
+            let left = sh_stdout(
+                &*run,
+                "n=0; for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ | grep -qx RUNCELL_TEST_STOPPER=1; then n=$((n+1)); fi; done; echo $n",
+            )
+            .await;
+            run.stop().await?;
+            let left = left?;
+            ensure!(
+                left == "0",
+                "reported TimedOut, but {left} processes are alive"
+            );
+        }
+        ExitStatus::KillFailed(_) => run.stop().await?,
+        other => {
+            run.stop().await?;
+            bail!("expected TimedOut or KillFailed, got {other}");
+        }
+    }
+    cx.assert_case_clean().await
+}

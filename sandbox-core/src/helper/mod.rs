@@ -100,10 +100,24 @@ pub(crate) fn embedded_digest() -> (u64, u64) {
 /// Places the binary at [`HELPER_PATH`] (its size and digest are checked by the helper's
 /// greeting).
 async fn install<B: Backend>(backend: &B, id: &str) -> Result<()> {
-    backend
-        .put_executable(id, HELPER_PATH, bytes::Bytes::from_static(embedded::BYTES))
-        .await
-        .map_err(|e| e.with("path", HELPER_PATH))
+    // Code in the target may race the upload (renaming its own file over the path while
+    // Podman's extractor creates it fails the upload with "file exists"): a few tries,
+    // then the error. A target that is gone fails at once.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match backend
+            .put_executable(id, HELPER_PATH, bytes::Bytes::from_static(embedded::BYTES))
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(e) if tries < 3 && e.kind() == ErrorKind::Backend => {
+                tracing::debug!(run = %id, "uploading the exec helper failed ({e}); trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(50 * tries)).await;
+            }
+            Err(e) => return Err(e.with("path", HELPER_PATH)),
+        }
+    }
 }
 
 /// Starts the helper already in place and checks that it is this build's.

@@ -325,7 +325,8 @@ impl Drop for Receiver {
 #[derive(Default)]
 struct Table {
     slots: HashMap<u32, Slot>,
-    kills: HashMap<u32, Vec<oneshot::Sender<()>>>,
+    /// Waiting kills, told whether every process of the exec is gone.
+    kills: HashMap<u32, Vec<oneshot::Sender<bool>>>,
     dead: Option<String>,
     /// When the unanswered `PING` was sent.
     ping: Option<Instant>,
@@ -788,8 +789,17 @@ impl Session {
             table.kills.entry(id).or_default().push(tx);
         }
         let _ = self.send_frame(Enc::frame(proto::KILL, id).finish());
-        rx.await
-            .map_err(|_| lost("the helper connection broke during a kill"))
+        let all_gone = rx
+            .await
+            .map_err(|_| lost("the helper connection broke during a kill"))?;
+        if all_gone {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Backend,
+                "the helper's kill left some of the exec's processes alive",
+            ))
+        }
     }
 
     /// Starts a file operation (`PUT` of `dir` or `GET` of `path`): its id, events and
@@ -984,8 +994,11 @@ fn dispatch(
             return Ok(());
         }
         proto::KILLED => {
+            // One byte: 0 when some process outlived the kill; none (an exec already
+            // gone) is done.
+            let all_gone = !matches!(d.u8(), Ok(0));
             for tx in table.kills.remove(&id).unwrap_or_default() {
-                let _ = tx.send(());
+                let _ = tx.send(all_gone);
             }
             return Ok(());
         }
