@@ -195,8 +195,8 @@ const RELAY: &str = "exec 3<&0\n\
 pub async fn garbage_on_the_helpers_streams_costs_only_its_session(
     cx: &Context,
 ) -> anyhow::Result<()> {
-    // The stand-in must win its race with the upload at least once in three runs.
-    for _ in 0..3 {
+    // The stand-in must win its race with the upload at least once in five runs.
+    for _ in 0..5 {
         let run = cx.driver.start(&cx.spec()).await?;
         if run.exec_path() != ExecPath::Helper {
             ensure!(sh_stdout(&*run, "echo plain").await? == "plain");
@@ -214,7 +214,15 @@ pub async fn garbage_on_the_helpers_streams_costs_only_its_session(
 
 async fn garbage(run: &dyn Run) -> anyhow::Result<bool> {
     install_stand_in(run, RELAY).await?;
-    ensure!(sh_stdout(run, "echo relayed").await? == "relayed");
+    // The stand-in's loop renames its file over the helper's path without pause: an
+    // engine's extractor (Podman's) can lose every try of the library's upload to it.
+    // That is the sandbox breaking its own helper, a typed error; this try proves
+    // nothing, and the caller stops the run.
+    let relayed = match sh_stdout(run, "echo relayed").await {
+        Err(e) if format!("{e:#}").contains("upload archive failed") => return Ok(false),
+        other => other?,
+    };
+    ensure!(relayed == "relayed");
     if !stand_in_ran(run).await? {
         return Ok(false);
     }

@@ -101,8 +101,8 @@ pub(crate) fn embedded_digest() -> (u64, u64) {
 /// greeting).
 async fn install<B: Backend>(backend: &B, id: &str) -> Result<()> {
     // Code in the target may race the upload (renaming its own file over the path while
-    // Podman's extractor creates it fails the upload with "file exists"): a few tries,
-    // then the error. A target that is gone fails at once.
+    // Podman's extractor creates it fails the upload with "file exists"): five tries
+    // within 1.5 s, then the error. A target that is gone fails at once.
     let mut tries = 0;
     loop {
         tries += 1;
@@ -111,9 +111,9 @@ async fn install<B: Backend>(backend: &B, id: &str) -> Result<()> {
             .await
         {
             Ok(()) => return Ok(()),
-            Err(e) if tries < 3 && e.kind() == ErrorKind::Backend => {
+            Err(e) if tries < 5 && e.kind() == ErrorKind::Backend => {
                 tracing::debug!(run = %id, "uploading the exec helper failed ({e}); trying again");
-                tokio::time::sleep(std::time::Duration::from_millis(50 * tries)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(50 << tries)).await;
             }
             Err(e) => return Err(e.with("path", HELPER_PATH)),
         }
