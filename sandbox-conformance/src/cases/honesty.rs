@@ -97,30 +97,7 @@ pub async fn a_timed_out_exec_is_killed_or_says_it_was_not(cx: &Context) -> anyh
     let took = started.elapsed();
     let bound = timeout + runcell_core::KILL_BOUND + Duration::from_secs(15);
     ensure!(took < bound, "the exec took {took:?}, over {bound:?}");
-    match &status {
-        ExitStatus::TimedOut => {
-            // A kill that happened leaves room for a new exec, and none of the sleepers.
-            let left = sh_stdout(
-                &*run,
-                "n=0; for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ | grep -qx RUNCELL_TEST_BOMB=1; then n=$((n+1)); fi; done; echo $n",
-            )
-            .await;
-            run.stop().await?;
-            let left = left?;
-            ensure!(
-                left == "0",
-                "reported TimedOut, but {left} of the command's processes are alive"
-            );
-        }
-        ExitStatus::KillFailed(why) => {
-            ensure!(!why.is_empty(), "KillFailed without a reason");
-            run.stop().await?;
-        }
-        other => {
-            run.stop().await?;
-            bail!("expected TimedOut or KillFailed, got {other}");
-        }
-    }
+    the_kill_was_what_it_says(&*run, &status, "RUNCELL_TEST_BOMB=1").await?;
     cx.assert_case_clean().await
 }
 
@@ -141,25 +118,42 @@ pub async fn a_stopped_shepherd_cannot_hide_a_kill(cx: &Context) -> anyhow::Resu
     let status = run.exec(spec).await?.status;
     let bound = Duration::from_secs(2) + runcell_core::KILL_BOUND + Duration::from_secs(15);
     ensure!(started.elapsed() < bound, "took {:?}", started.elapsed());
-    match &status {
+    the_kill_was_what_it_says(&*run, &status, "RUNCELL_TEST_STOPPER=1").await?;
+    cx.assert_case_clean().await
+}
+
+/// After a timed-out exec whose processes carry `marker` (`NAME=value`) in their env:
+/// `TimedOut` means none of them is alive (a kill that happened also leaves room for the
+/// exec that counts them); `KillFailed` must say why. Stops the run either way.
+async fn the_kill_was_what_it_says(
+    run: &dyn runcell_core::Run,
+    status: &ExitStatus,
+    marker: &str,
+) -> anyhow::Result<()> {
+    match status {
         ExitStatus::TimedOut => {
             let left = sh_stdout(
-                &*run,
-                "n=0; for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ | grep -qx RUNCELL_TEST_STOPPER=1; then n=$((n+1)); fi; done; echo $n",
+                run,
+                &format!(
+                    "n=0; for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ | grep -qx {marker}; then n=$((n+1)); fi; done; echo $n"
+                ),
             )
             .await;
             run.stop().await?;
             let left = left?;
             ensure!(
                 left == "0",
-                "reported TimedOut, but {left} processes are alive"
+                "reported TimedOut, but {left} of the command's processes are alive"
             );
         }
-        ExitStatus::KillFailed(_) => run.stop().await?,
+        ExitStatus::KillFailed(why) => {
+            run.stop().await?;
+            ensure!(!why.is_empty(), "KillFailed without a reason");
+        }
         other => {
             run.stop().await?;
             bail!("expected TimedOut or KillFailed, got {other}");
         }
     }
-    cx.assert_case_clean().await
+    Ok(())
 }
