@@ -9,9 +9,12 @@
 //!   `setsid`, fork again, the middle one exits), writes its pid to `<pidfile>`, then
 //!   runs itself again with an empty environment, `argv[0]` `<name>` and `<name>` as its
 //!   command name (`comm`), and sleeps for ever.
+//! - `probe swap <a> <b>`: exchanges the names `<a>` and `<b>` as fast as it can, for
+//!   ever (an atomic `renameat2` exchange, or three renames where the file system cannot
+//!   exchange): a directory and a symbolic link that trade places under a file operation.
 
 use std::ffi::CString;
-use std::os::raw::{c_char, c_int, c_ulong};
+use std::os::raw::{c_char, c_int, c_uint, c_ulong};
 use std::time::Duration;
 
 unsafe extern "C" {
@@ -23,6 +26,41 @@ unsafe extern "C" {
     fn prctl(option: c_int, arg2: c_ulong, arg3: c_ulong, arg4: c_ulong, arg5: c_ulong) -> c_int;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
     -> c_int;
+    fn renameat2(
+        from_dir: c_int,
+        from: *const c_char,
+        to_dir: c_int,
+        to: *const c_char,
+        flags: c_uint,
+    ) -> c_int;
+    fn rename(from: *const c_char, to: *const c_char) -> c_int;
+}
+
+const AT_FDCWD: c_int = -100;
+const RENAME_EXCHANGE: c_uint = 2;
+
+fn swap(a: &str, b: &str) -> ! {
+    let (a, b) = (CString::new(a).unwrap(), CString::new(b).unwrap());
+    let c = CString::new(format!("{}.swap", a.to_str().unwrap())).unwrap();
+    // SAFETY: NUL-terminated names that outlive the calls.
+    let exchange = || unsafe {
+        renameat2(AT_FDCWD, a.as_ptr(), AT_FDCWD, b.as_ptr(), RENAME_EXCHANGE)
+    };
+    if exchange() == 0 {
+        println!("swapping by exchange");
+        loop {
+            exchange();
+        }
+    }
+    println!("swapping by rename (exchange refused {})", errno());
+    loop {
+        // SAFETY: as above.
+        unsafe {
+            rename(a.as_ptr(), c.as_ptr());
+            rename(b.as_ptr(), a.as_ptr());
+            rename(c.as_ptr(), b.as_ptr());
+        }
+    }
 }
 
 const PR_SET_NAME: c_int = 15;
@@ -109,12 +147,13 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("join") => join(args.get(2).and_then(|p| p.parse().ok()).unwrap_or(0)),
         Some("daemon") if args.len() == 4 => daemon(&args[2], &args[3]),
+        Some("swap") if args.len() == 4 => swap(&args[2], &args[3]),
         Some("linger") => {
             set_name(&args[0]);
             forever()
         }
         _ => {
-            eprintln!("usage: probe join <pid> | probe daemon <pidfile> <name>");
+            eprintln!("usage: probe join <pid> | probe daemon <pidfile> <name> | probe swap <a> <b>");
             std::process::exit(2);
         }
     }

@@ -28,6 +28,7 @@
 //! leaf: nothing is locked while holding it).
 
 // Shared with core's client: not every item is used here, and its style is core's.
+mod files;
 #[allow(dead_code, clippy::type_complexity)]
 mod proto;
 mod shepherd;
@@ -40,21 +41,21 @@ use std::fs::{self, File, Metadata, OpenOptions, Permissions};
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use proto::{
-    CHUNK, CREDIT, DIRECTORY, DISCARD, DONE, Dec, DecodeError, ENTRY, EXIT, EXITED, Enc, Entry,
-    FILE_ERROR, FileError, Fnv, GET, HELLO, HOLE_BLOCK, Hello, INITIAL_CREDIT, KILL, KILL_GRACE_MS,
-    KILLED, PING, PONG, PROTOCOL_ERROR, PUT, REGULAR, SIGNALED, SPAWN, SPAWN_ERROR, STARTED,
-    STDERR, STDIN, STDIN_ACK, STDIN_EOF, STDIN_WINDOW, STDOUT, SYMLINK, Spawn, SpawnError, VERSION,
+    CHUNK, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, EXIT, EXITED, Enc, Entry, FILE_ERROR,
+    FileError, Fnv, GET, HELLO, Hello, INITIAL_CREDIT, KILL, KILL_GRACE_MS, KILLED, PING, PONG,
+    PROTOCOL_ERROR, PUT, SIGNALED, SPAWN, SPAWN_ERROR, STARTED, STDERR, STDIN, STDIN_ACK,
+    STDIN_EOF, STDIN_WINDOW, STDOUT, Spawn, SpawnError, VERSION,
 };
 
 /// Stack of every thread the helper starts (they neither recurse nor keep big locals).
@@ -90,6 +91,7 @@ const ENOMEM: i32 = 12;
 const EACCES: i32 = 13;
 const ENOTDIR: i32 = 20;
 const EISDIR: i32 = 21;
+const EINVAL: i32 = 22;
 const ENFILE: i32 = 23;
 const EMFILE: i32 = 24;
 const ETXTBSY: i32 = 26;
@@ -99,9 +101,9 @@ const ELOOP: i32 = 40;
 
 /// The few libc calls std lacks, each behind a safe wrapper. The only `unsafe` code.
 mod sys {
-    use std::ffi::CString;
+    use std::ffi::{CStr, CString};
     use std::io;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
     use std::os::raw::{c_char, c_int, c_long, c_short, c_uint, c_ulong};
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::process::CommandExt;
@@ -204,6 +206,7 @@ mod sys {
         fn sigprocmask(how: c_int, set: *const SigSet, old: *mut SigSet) -> c_int;
         fn signalfd(fd: c_int, mask: *const SigSet, flags: c_int) -> c_int;
         fn syscall(num: c_long, ...) -> c_long;
+        fn chdir(path: *const c_char) -> c_int;
     }
 
     /// A libc return value: negative means errno.
@@ -386,24 +389,170 @@ mod sys {
         }
     }
 
-    /// Runs in the forked child: supplementary groups, gid, uid, in that order.
-    fn become_user(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    /// Open for writing only.
+    pub const O_WRONLY: c_int = 0o1;
+    /// Create the file ...
+    pub const O_CREAT: c_int = 0o100;
+    /// ... and fail if it exists.
+    pub const O_EXCL: c_int = 0o200;
+    /// Fail unless a directory.
+    #[cfg(any(target_arch = "aarch64", target_arch = "arm"))]
+    pub const O_DIRECTORY: c_int = 0o40000;
+    /// Fail (or, with `O_PATH`, open the link itself) if the last component is a
+    /// symbolic link.
+    #[cfg(any(target_arch = "aarch64", target_arch = "arm"))]
+    pub const O_NOFOLLOW: c_int = 0o100000;
+    /// See the other architectures' value.
+    #[cfg(not(any(target_arch = "aarch64", target_arch = "arm")))]
+    pub const O_DIRECTORY: c_int = 0o200000;
+    /// See the other architectures' value.
+    #[cfg(not(any(target_arch = "aarch64", target_arch = "arm")))]
+    pub const O_NOFOLLOW: c_int = 0o400000;
+    /// Close on exec.
+    pub const O_CLOEXEC: c_int = 0o2000000;
+    /// A handle that names a file without opening it for reading or writing.
+    pub const O_PATH: c_int = 0o10000000;
+    /// Non-blocking open (a fifo, a device).
+    pub const O_NONBLOCK_OPEN: c_int = O_NONBLOCK;
+    const AT_FDCWD: c_int = -100;
+    const AT_SYMLINK_NOFOLLOW: c_int = 0x100;
+
+    unsafe extern "C" {
+        #[link_name = "openat"]
+        fn c_openat(dir: c_int, path: *const c_char, flags: c_int, ...) -> c_int;
+        #[link_name = "mkdirat"]
+        fn c_mkdirat(dir: c_int, path: *const c_char, mode: c_uint) -> c_int;
+        #[link_name = "symlinkat"]
+        fn c_symlinkat(target: *const c_char, dir: c_int, path: *const c_char) -> c_int;
+        #[link_name = "renameat"]
+        fn c_renameat(
+            from_dir: c_int,
+            from: *const c_char,
+            to_dir: c_int,
+            to: *const c_char,
+        ) -> c_int;
+        #[link_name = "unlinkat"]
+        fn c_unlinkat(dir: c_int, path: *const c_char, flags: c_int) -> c_int;
+        #[link_name = "readlinkat"]
+        fn c_readlinkat(dir: c_int, path: *const c_char, buf: *mut c_char, size: usize) -> isize;
+        #[link_name = "fchownat"]
+        fn c_fchownat(
+            dir: c_int,
+            path: *const c_char,
+            uid: c_uint,
+            gid: c_uint,
+            flags: c_int,
+        ) -> c_int;
+    }
+
+    fn dir_fd(dir: Option<BorrowedFd<'_>>) -> c_int {
+        dir.map_or(AT_FDCWD, |d| d.as_raw_fd())
+    }
+
+    /// `openat(2)`: `name` relative to `dir` (the working directory if `None`).
+    pub fn openat(
+        dir: Option<BorrowedFd<'_>>,
+        name: &CStr,
+        flags: c_int,
+        mode: u32,
+    ) -> io::Result<OwnedFd> {
+        // SAFETY: a NUL-terminated name that outlives the call; integer arguments.
+        let fd = check(unsafe { c_openat(dir_fd(dir), name.as_ptr(), flags, mode as c_uint) })?;
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// `mkdirat(2)`.
+    pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+        // SAFETY: a NUL-terminated name that outlives the call; integer arguments.
+        check(unsafe { c_mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+    }
+
+    /// `symlinkat(2)`: a link `name` in `dir` that points to `target`.
+    pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+        // SAFETY: NUL-terminated strings that outlive the call.
+        check(unsafe { c_symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
+    }
+
+    /// `renameat(2)` within one directory.
+    pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
+        let d = dir.as_raw_fd();
+        // SAFETY: NUL-terminated names that outlive the call.
+        check(unsafe { c_renameat(d, from.as_ptr(), d, to.as_ptr()) }).map(drop)
+    }
+
+    /// `unlinkat(2)` of a non-directory.
+    pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+        // SAFETY: a NUL-terminated name that outlives the call.
+        check(unsafe { c_unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) }).map(drop)
+    }
+
+    /// The target of the symbolic link that `link` (opened `O_PATH | O_NOFOLLOW`) is.
+    pub fn readlink_fd(link: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: an empty NUL-terminated name (the descriptor itself) and a writable
+        // buffer of the given size, both outliving the call.
+        let n = unsafe {
+            c_readlinkat(
+                link.as_raw_fd(),
+                c"".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    /// `fchownat(2)` of `name` in `dir` itself, never what it points to.
+    pub fn lchownat(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+        // SAFETY: a NUL-terminated name that outlives the call; integer arguments.
+        check(unsafe {
+            c_fchownat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                uid,
+                gid,
+                AT_SYMLINK_NOFOLLOW,
+            )
+        })
+        .map(drop)
+    }
+
+    /// Runs in the forked child: supplementary groups, gid, uid, in that order, then the
+    /// working directory as that user.
+    fn become_user(uid: u32, gid: u32, groups: &[u32], cwd: Option<&CStr>) -> io::Result<()> {
         // SAFETY: pointer and length come from a live slice allocated before the fork.
         check(unsafe { setgroups(groups.len(), groups.as_ptr()) })?;
         // SAFETY: plain integer argument.
         check(unsafe { setgid(gid) })?;
         // SAFETY: plain integer argument.
         check(unsafe { setuid(uid) })?;
+        if let Some(dir) = cwd {
+            // SAFETY: a NUL-terminated path allocated before the fork.
+            check(unsafe { chdir(dir.as_ptr()) })?;
+        }
         Ok(())
     }
 
-    /// Makes `cmd` switch to the user in the child, before exec.
-    pub fn switch_user(cmd: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) {
+    /// Makes `cmd` switch to the user in the child, before exec, and only then enter `cwd`
+    /// (std would enter it first, as root: a link the user swapped in would be followed
+    /// with root's rights).
+    pub fn switch_user(
+        cmd: &mut Command,
+        uid: u32,
+        gid: u32,
+        groups: Vec<u32>,
+        cwd: Option<CString>,
+    ) {
         // SAFETY: the closure runs in the forked child before exec. It only calls
-        // async-signal-safe functions (setgroups, setgid, setuid, errno) and reads `groups`,
-        // allocated before the fork; it allocates and locks nothing.
+        // async-signal-safe functions (setgroups, setgid, setuid, chdir, errno) and reads
+        // `groups` and `cwd`, allocated before the fork; it allocates and locks nothing.
         unsafe {
-            cmd.pre_exec(move || become_user(uid, gid, &groups));
+            cmd.pre_exec(move || become_user(uid, gid, &groups, cwd.as_deref()));
         }
     }
 }
@@ -485,8 +634,7 @@ fn main() {
 /// root-owned sticky directory (`/tmp`) is left as it is: it is shared, and its sticky bit
 /// already keeps others from replacing a root-owned file in it.
 fn secure_own_files() {
-    const O_DIRECTORY: i32 = 0o200000;
-    const O_NOFOLLOW: i32 = 0o400000;
+    use sys::{O_DIRECTORY, O_NOFOLLOW};
     const STICKY: u32 = 0o1000;
     let mode = || Permissions::from_mode(0o755);
     if let Ok(exe) = fs::read_link("/proc/self/exe")
@@ -565,8 +713,6 @@ struct Helper {
     reg: Mutex<Registry>,
     /// Signalled on every spawn (the reaper waits for one).
     reg_cv: Condvar,
-    /// Makes temporary file names unique.
-    tmp_counter: AtomicU64,
 }
 
 /// The execs the helper knows.
@@ -828,7 +974,6 @@ impl Helper {
             base_env,
             reg: Mutex::new(Registry::default()),
             reg_cv: Condvar::new(),
-            tmp_counter: AtomicU64::new(0),
         };
         Ok((h, out))
     }
@@ -1531,167 +1676,6 @@ impl Helper {
             ex.wait_shepherd(deadline);
         }
     }
-
-    // ---- GET ---------------------------------------------------------------------------
-
-    /// Streams a path (and, for a directory, everything below it) to the host, `ENTRY`
-    /// and `STDOUT` payloads under the flow's credit.
-    fn get_tree(&self, id: u32, path: &[u8], flow: &Flow) -> Result<(), GetEnd> {
-        let root = PathBuf::from(OsStr::from_bytes(path));
-        let invalid = |m: &str| GetEnd::Failed(FileError::Invalid, Vec::new(), m.to_string());
-        if !root.is_absolute() {
-            return Err(invalid("the path must be absolute"));
-        }
-        let Some(base) = root.file_name() else {
-            return Err(invalid("the path has no base name"));
-        };
-        let mut buf = vec![0u8; HEADER + CHUNK];
-        let mut stack = vec![(root.clone(), base.as_bytes().to_vec())];
-        let mut first = true;
-        while let Some((abs, rel)) = stack.pop() {
-            let io_err = |e: &io::Error| {
-                let kind = match e.raw_os_error() {
-                    // Under a non-directory (`/etc/passwd/x`): there is no such path.
-                    Some(ENOTDIR) => FileError::NotFound,
-                    _ => file_error_kind(e),
-                };
-                GetEnd::Failed(kind, rel.clone(), e.to_string())
-            };
-            let md = match fs::symlink_metadata(&abs) {
-                Ok(m) => m,
-                // Vanished while we walked: skip it (the path asked for must exist).
-                Err(e) if !first && e.kind() == ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err(&e)),
-            };
-            let top = std::mem::replace(&mut first, false);
-            let ft = md.file_type();
-            if ft.is_dir() {
-                // A listing that fails partway is an error, never a shorter directory.
-                let mut names: Vec<OsString> = fs::read_dir(&abs)
-                    .map_err(|e| io_err(&e))?
-                    .map(|e| e.map(|e| e.file_name()))
-                    .collect::<io::Result<_>>()
-                    .map_err(|e| io_err(&e))?;
-                send_entry(
-                    self,
-                    flow,
-                    id,
-                    &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()),
-                )?;
-                names.sort();
-                for name in names.into_iter().rev() {
-                    let mut r = rel.clone();
-                    r.push(b'/');
-                    r.extend_from_slice(name.as_bytes());
-                    stack.push((abs.join(&name), r));
-                }
-            } else if ft.is_symlink() {
-                let link = fs::read_link(&abs).map_err(|e| io_err(&e))?;
-                let link = link.into_os_string().into_vec();
-                send_entry(self, flow, id, &entry_of(&rel, SYMLINK, &md, 0, link))?;
-            } else if ft.is_file() {
-                const O_NOFOLLOW: i32 = 0o400000;
-                const O_NONBLOCK: i32 = 0o4000;
-                let mut f = OpenOptions::new()
-                    .read(true)
-                    .custom_flags(O_NOFOLLOW | O_NONBLOCK)
-                    .open(&abs)
-                    .map_err(|e| io_err(&e))?;
-                let md = f.metadata().map_err(|e| io_err(&e))?;
-                if !md.is_file() {
-                    if top {
-                        return Err(not_a_file(&rel));
-                    }
-                    continue;
-                }
-                let size = md.len();
-                send_entry(
-                    self,
-                    flow,
-                    id,
-                    &entry_of(&rel, REGULAR, &md, size, Vec::new()),
-                )?;
-                let mut left = size;
-                let mut eof = false;
-                while left > 0 {
-                    let credit = flow.wait_credit(1).ok_or(GetEnd::Discarded)?;
-                    let want = (CHUNK as u64).min(left).min(credit) as usize;
-                    let mut got = 0;
-                    while !eof && got < want {
-                        match f.read(&mut buf[HEADER + got..HEADER + want]) {
-                            Ok(0) => eof = true,
-                            Ok(m) => got += m,
-                            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                            Err(e) => return Err(io_err(&e)),
-                        }
-                    }
-                    if eof {
-                        // The file shrank while it was read: its `ENTRY` announced more
-                        // than there is. An error naming it, never zeros in its place.
-                        let read = size - left + got as u64;
-                        return Err(GetEnd::Failed(
-                            FileError::Other,
-                            rel.clone(),
-                            format!(
-                                "the file shrank while it was read ({read} of its {size} bytes)"
-                            ),
-                        ));
-                    }
-                    let frame = data_frame(&mut buf, STDOUT, id, want);
-                    if !flow.send(self, frame, want as u64) {
-                        return Err(GetEnd::Discarded);
-                    }
-                    left -= want as u64;
-                }
-            } else if top {
-                // The path asked for is a fifo, socket or device: nothing to copy.
-                return Err(not_a_file(&rel));
-            }
-            // Below a directory, other types (fifo, socket, device) have no entry type:
-            // skipped, as a file removed before it was read.
-        }
-        Ok(())
-    }
-
-    /// A temporary name next to `dest`.
-    fn temp_path(&self, dest: &Path) -> PathBuf {
-        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        let name = format!(".runcell-tmp-{}-{n}", self.pid);
-        match dest.parent() {
-            Some(p) => p.join(name),
-            None => PathBuf::from(name),
-        }
-    }
-}
-
-/// How a `GET` ended early.
-enum GetEnd {
-    /// `FILE_ERROR`: kind, relative path, message.
-    Failed(FileError, Vec<u8>, String),
-    /// `DISCARD`: no frame at all.
-    Discarded,
-}
-
-/// A `GET` of a fifo, socket or device.
-fn not_a_file(rel: &[u8]) -> GetEnd {
-    GetEnd::Failed(
-        FileError::Invalid,
-        rel.to_vec(),
-        "not a regular file, directory or symbolic link".to_string(),
-    )
-}
-
-/// Queues a `GET`'s `ENTRY` once the credit covers its payload.
-fn send_entry(h: &Helper, flow: &Flow, id: u32, e: &Entry) -> Result<(), GetEnd> {
-    let mut enc = Enc::frame(ENTRY, id);
-    e.encode(&mut enc);
-    let frame = enc.finish();
-    let cost = (frame.len() - HEADER) as u64;
-    if flow.send(h, frame, cost) {
-        Ok(())
-    } else {
-        Err(GetEnd::Discarded)
-    }
 }
 
 /// `buf[HEADER..HEADER + len]` as a data frame of `kind` (the header is written in place).
@@ -1786,20 +1770,6 @@ fn file_error_kind(e: &io::Error) -> FileError {
         Some(EISDIR) => FileError::IsDir,
         Some(EACCES | EPERM) => FileError::Denied,
         _ => FileError::Other,
-    }
-}
-
-/// An `ENTRY` for a `GET`.
-fn entry_of(rel: &[u8], kind: u8, md: &Metadata, size: u64, link: Vec<u8>) -> Entry {
-    Entry {
-        path: rel.to_vec(),
-        kind,
-        mode: md.mode() & 0o7777,
-        uid: md.uid(),
-        gid: md.gid(),
-        mtime: md.mtime(),
-        size,
-        link,
     }
 }
 
@@ -1973,204 +1943,12 @@ fn find_program(
 
 // ---- the reader loop -------------------------------------------------------------------
 
+use files::{GetEnd, Put};
+
 /// A `PUT` or `GET` in progress.
 enum FileOp {
     Put(Put),
     Get(Arc<Flow>),
-}
-
-/// A `PUT` in progress.
-struct Put {
-    base: PathBuf,
-    /// After the first error the operation's frames are discarded (STDIN still acked).
-    failed: bool,
-    /// The regular file whose data is being received.
-    file: Option<PutFile>,
-}
-
-/// A regular file being written under a temporary name.
-struct PutFile {
-    rel: Vec<u8>,
-    tmp: PathBuf,
-    dest: PathBuf,
-    file: File,
-    left: u64,
-    entry: Entry,
-}
-
-/// A failure of a `PUT`: kind, relative path, message.
-type PutError = (FileError, Vec<u8>, String);
-
-impl PutFile {
-    /// Owner, mode, mtime, then the rename over the destination.
-    fn finish(self, root: bool) -> Result<(), PutError> {
-        let e = &self.entry;
-        let r = (|| {
-            // A hole at the end was seeked over, not written.
-            self.file.set_len(e.size)?;
-            if root {
-                std::os::unix::fs::fchown(&self.file, Some(e.uid), Some(e.gid))?;
-            }
-            self.file
-                .set_permissions(Permissions::from_mode(e.mode & 0o7777))?;
-            if e.mtime > 0 {
-                let _ = self
-                    .file
-                    .set_modified(UNIX_EPOCH + Duration::from_secs(e.mtime as u64));
-            }
-            fs::rename(&self.tmp, &self.dest)
-        })();
-        r.map_err(|err| {
-            let _ = fs::remove_file(&self.tmp);
-            (file_error_kind(&err), self.rel.clone(), err.to_string())
-        })
-    }
-
-    /// Removes the temporary file.
-    fn abandon(self) {
-        drop(self.file);
-        let _ = fs::remove_file(&self.tmp);
-    }
-}
-
-impl Put {
-    /// The first failure: `FILE_ERROR` once, then the operation's frames are discarded.
-    fn fail(&mut self, h: &'static Helper, id: u32, (kind, rel, msg): PutError) {
-        self.failed = true;
-        if let Some(pf) = self.file.take() {
-            pf.abandon();
-        }
-        h.send_file_error(id, kind, &rel, &msg);
-    }
-
-    /// Applies one `ENTRY`.
-    fn apply(&mut self, h: &Helper, e: Entry) -> Result<(), PutError> {
-        let rel = e.path.clone();
-        let err = |k: FileError, m: &str| (k, rel.clone(), m.to_string());
-        let io_err = |x: io::Error| (file_error_kind(&x), rel.clone(), x.to_string());
-        let valid = !rel.is_empty()
-            && rel
-                .split(|&b| b == b'/')
-                .all(|c| !c.is_empty() && c != b"." && c != b"..");
-        if !valid {
-            return Err(err(FileError::Invalid, "invalid entry path"));
-        }
-        let dest = self.base.join(OsStr::from_bytes(&rel));
-        let mode = e.mode & 0o7777;
-        match e.kind {
-            DIRECTORY => {
-                match fs::symlink_metadata(&dest) {
-                    Ok(m) if m.is_dir() => {}
-                    Ok(_) => return Err(err(FileError::NotDir, "a non-directory is in the way")),
-                    Err(x) if x.kind() == ErrorKind::NotFound => fs::DirBuilder::new()
-                        .mode(mode)
-                        .create(&dest)
-                        .map_err(io_err)?,
-                    Err(x) => return Err(io_err(x)),
-                }
-                if h.root {
-                    std::os::unix::fs::lchown(&dest, Some(e.uid), Some(e.gid)).map_err(io_err)?;
-                }
-                fs::set_permissions(&dest, Permissions::from_mode(mode)).map_err(io_err)?;
-            }
-            SYMLINK => {
-                no_directory_at(&dest).map_err(|k| err(k, "a directory is in the way"))?;
-                let tmp = h.temp_path(&dest);
-                std::os::unix::fs::symlink(OsStr::from_bytes(&e.link), &tmp).map_err(io_err)?;
-                let r = if h.root {
-                    std::os::unix::fs::lchown(&tmp, Some(e.uid), Some(e.gid))
-                } else {
-                    Ok(())
-                };
-                if let Err(x) = r.and_then(|()| fs::rename(&tmp, &dest)) {
-                    let _ = fs::remove_file(&tmp);
-                    return Err(io_err(x));
-                }
-            }
-            REGULAR => {
-                no_directory_at(&dest).map_err(|k| err(k, "a directory is in the way"))?;
-                let tmp = h.temp_path(&dest);
-                let file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&tmp)
-                    .map_err(io_err)?;
-                let pf = PutFile {
-                    rel,
-                    tmp,
-                    dest,
-                    file,
-                    left: e.size,
-                    entry: e,
-                };
-                if pf.left == 0 {
-                    pf.finish(h.root)?;
-                } else {
-                    self.file = Some(pf);
-                }
-            }
-            k => return Err(err(FileError::Invalid, &format!("unknown entry type {k}"))),
-        }
-        Ok(())
-    }
-
-    /// Data of the current regular file.
-    fn data(&mut self, root: bool, data: &[u8]) -> Result<(), PutError> {
-        let Some(pf) = self.file.as_mut() else {
-            return Err((
-                FileError::Invalid,
-                Vec::new(),
-                "data without a file entry".into(),
-            ));
-        };
-        if data.len() as u64 > pf.left {
-            return Err((
-                FileError::Invalid,
-                pf.rel.clone(),
-                "more data than the entry's size".into(),
-            ));
-        }
-        let pos = pf.entry.size - pf.left;
-        write_sparse(&mut pf.file, pos, data)
-            .map_err(|x| (file_error_kind(&x), pf.rel.clone(), x.to_string()))?;
-        pf.left -= data.len() as u64;
-        if let Some(pf) = self.file.take_if(|pf| pf.left == 0) {
-            pf.finish(root)?;
-        }
-        Ok(())
-    }
-}
-
-/// Writes `data` at offset `pos` of a new file (its current position), seeking over
-/// every whole [`HOLE_BLOCK`]-aligned block of zeros instead of writing it: a sparse
-/// file crosses as its full size but lands with holes again (`PutFile::finish` sets the
-/// length, for a hole at the end).
-fn write_sparse(file: &mut File, mut pos: u64, data: &[u8]) -> io::Result<()> {
-    use std::io::{Seek, SeekFrom};
-    let mut start = 0; // Of the run of data not written yet.
-    let mut at = 0;
-    while at < data.len() {
-        let n = ((HOLE_BLOCK - pos % HOLE_BLOCK) as usize).min(data.len() - at);
-        let piece = &data[at..at + n];
-        if n as u64 == HOLE_BLOCK && piece.iter().all(|b| *b == 0) {
-            file.write_all(&data[start..at])?;
-            file.seek(SeekFrom::Current(HOLE_BLOCK as i64))?;
-            start = at + n;
-        }
-        at += n;
-        pos += n as u64;
-    }
-    file.write_all(&data[start..])
-}
-
-/// `Err(IsDir)` if a directory is at `dest` (a file or symlink there is replaced).
-fn no_directory_at(dest: &Path) -> Result<(), FileError> {
-    match fs::symlink_metadata(dest) {
-        Ok(m) if m.is_dir() => Err(FileError::IsDir),
-        Err(e) if e.raw_os_error() == Some(ENOTDIR) => Err(FileError::NotDir),
-        _ => Ok(()),
-    }
 }
 
 /// The main thread's state: reads frames and dispatches them.
@@ -2396,27 +2174,14 @@ impl Conn {
             h.send_file_error(id, FileError::Other, b"", "id already in use");
             return;
         }
-        let base = PathBuf::from(OsString::from_vec(path));
-        let mut put = Put {
-            base,
-            failed: false,
-            file: None,
-        };
-        let err = if put.base.is_absolute() {
-            match fs::metadata(&put.base) {
-                Ok(m) if m.is_dir() => None,
-                Ok(_) => Some((FileError::NotDir, "not a directory".to_string())),
-                Err(e) => Some((file_error_kind(&e), e.to_string())),
+        let put = match Put::start(&path) {
+            Ok(put) => put,
+            Err(failure) => {
+                let mut put = Put::failed_with(None);
+                put.fail(h, id, failure);
+                put
             }
-        } else {
-            Some((
-                FileError::Invalid,
-                "the directory must be an absolute path".into(),
-            ))
         };
-        if let Some((kind, msg)) = err {
-            put.fail(h, id, (kind, Vec::new(), msg));
-        }
         self.files.insert(id, FileOp::Put(put));
     }
 
@@ -2431,7 +2196,7 @@ impl Conn {
         }
         let r = match &p.file {
             Some(prev) => Err((FileError::Invalid, prev.rel.clone(), "short data".into())),
-            None => p.apply(h, e),
+            None => p.apply(h.root, e),
         };
         if let Err(err) = r {
             p.fail(h, id, err);
@@ -2451,7 +2216,7 @@ impl Conn {
         let f = flow.clone();
         let started = start_thread("get", move || {
             // The last frame, unless discarded meanwhile (it costs no credit).
-            match h.get_tree(id, &path, &f) {
+            match files::get_tree(h, id, &path, &f) {
                 Ok(()) => {
                     f.send(h, Enc::frame(DONE, id).finish(), 0);
                 }

@@ -219,6 +219,10 @@ pub enum FileError {
     Invalid = 5,
     /// Anything else (disk full, ...).
     Other = 6,
+    /// The path crosses a symbolic link in a directory that users other than root (or
+    /// the helper's own user) can change: not followed, since such a user could have
+    /// planted or swapped it.
+    Untrusted = 7,
 }
 
 impl FileError {
@@ -230,6 +234,7 @@ impl FileError {
             3 => FileError::NotDir,
             4 => FileError::Denied,
             5 => FileError::Invalid,
+            7 => FileError::Untrusted,
             _ => FileError::Other,
         }
     }

@@ -35,7 +35,7 @@
 //! it works under a pids limit exhausted by a fork bomb.
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -272,12 +272,26 @@ fn start(ctl: OwnedFd) -> io::Result<Option<Shepherd>> {
         .env_clear()
         .envs(order.env.iter().map(|(k, v)| (k, v)))
         .process_group(0);
-    if let Some(d) = &order.cwd {
-        cmd.current_dir(d);
-    }
     let switching = order.user.is_some();
-    if let Some((uid, gid, groups)) = order.user.take() {
-        sys::switch_user(&mut cmd, uid, gid, groups);
+    match order.user.take() {
+        // The directory is entered as the user, after the switch.
+        Some((uid, gid, groups)) => {
+            let cwd = match order
+                .cwd
+                .as_ref()
+                .map(|d| CString::new(d.as_os_str().as_bytes()))
+            {
+                Some(Err(_)) => return Err(io::Error::new(ErrorKind::InvalidData, "bad plan")),
+                Some(Ok(c)) => Some(c),
+                None => None,
+            };
+            sys::switch_user(&mut cmd, uid, gid, groups, cwd);
+        }
+        None => {
+            if let Some(d) = &order.cwd {
+                cmd.current_dir(d);
+            }
+        }
     }
     let root = match cmd.spawn() {
         Ok(child) => child.id() as i32, // Never waited on by std: reaped below.

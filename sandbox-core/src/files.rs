@@ -176,6 +176,12 @@ pub fn tar_dir(dir: &std::path::Path) -> Result<Vec<u8>> {
 /// workspace had, pointing anywhere) is skipped, and permission bits are kept without
 /// setuid, setgid and sticky bits, owners and extended attributes: what comes back
 /// never gains privileges on the host. Streams: memory stays bounded whatever the size.
+///
+/// The host folder may be a live run's bind mount, whose code can swap any name in it for
+/// a link while this runs: every entry is reached from a held descriptor of `dir`, one
+/// `O_NOFOLLOW` component at a time, each file is written under a fresh `O_EXCL` name and
+/// renamed into place within its held directory, and modes are set through descriptors.
+/// Nothing is looked up by name twice.
 pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -> Result<()> {
     let reader = tokio_util::io::SyncIoBridge::new(StreamReader::new(checked_tar_stream(tar)));
     let dir = dir.to_path_buf();
@@ -183,11 +189,16 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
         Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
     };
     tokio::task::spawn_blocking(move || {
+        use rustix::fs::{CWD, Mode, OFlags};
+        std::fs::create_dir_all(&dir).map_err(bad)?;
+        let root = rustix::fs::openat(
+            CWD,
+            &dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| bad(e.into()))?;
         let mut archive = tar::Archive::new(reader);
-        // The defaults, said out loud: mode & 0o777 only, the caller's owner, no xattrs.
-        archive.set_preserve_permissions(false);
-        archive.set_preserve_ownerships(false);
-        archive.set_unpack_xattrs(false);
         for entry in archive.entries().map_err(bad)? {
             let mut entry = entry.map_err(bad)?;
             let path = entry.path().map_err(bad)?.into_owned();
@@ -199,27 +210,32 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
             if rest.as_os_str().is_empty() {
                 continue;
             }
-            match entry.header().entry_type() {
-                tar::EntryType::Regular | tar::EntryType::Directory => {
-                    // `unpack_in` refuses `..` and absolute paths.
-                    let target = dir.join(&rest);
-                    if rest
-                        .components()
-                        .any(|c| !matches!(c, std::path::Component::Normal(_)))
-                    {
-                        continue;
-                    }
-                    let is_dir = entry.header().entry_type() == tar::EntryType::Directory;
-                    if through_host_link(&dir, &rest, is_dir) {
-                        tracing::debug!(path = %rest.display(), "unpacking skips an entry behind a host symlink");
-                        continue;
-                    }
-                    if let Some(parent) = target.parent() {
-                        std::fs::create_dir_all(parent).map_err(bad)?;
-                    }
-                    entry.unpack(&target).map_err(bad)?;
+            // `..`, absolute paths: never.
+            if rest
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                continue;
+            }
+            let kind = entry.header().entry_type();
+            if !matches!(kind, tar::EntryType::Regular | tar::EntryType::Directory) {
+                tracing::debug!(?kind, "unpacking skips a non-regular entry");
+                continue;
+            }
+            let mode = entry.header().mode().map_err(bad)? & 0o777;
+            let mtime = entry.header().mtime().unwrap_or(0);
+            match unpack_entry(&root, &rest, kind == tar::EntryType::Directory, mode, mtime, &mut entry) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(path = %rest.display(), "unpacking skips an entry behind a host symlink")
                 }
-                other => tracing::debug!(?other, "unpacking skips a non-regular entry"),
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Backend,
+                        format!("cannot unpack the workspace: {}", rest.display()),
+                    )
+                    .with_source(e));
+                }
             }
         }
         // The reader stops at the first zero block: the rest must end the archive well.
@@ -230,22 +246,117 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
     .map_err(|e| Error::new(ErrorKind::Backend, "unpacking panicked").with_source(e))?
 }
 
-/// Whether the way to `dir/rest` passes a symbolic link that exists on the host: any
-/// parent, and `rest` itself for a directory (a regular file replaces a link at its own
-/// place rather than writing through it).
-fn through_host_link(dir: &std::path::Path, rest: &std::path::Path, is_dir: bool) -> bool {
-    let mut at = dir.to_path_buf();
-    let n = rest.components().count();
-    for (i, c) in rest.components().enumerate() {
-        at.push(c);
-        match std::fs::symlink_metadata(&at) {
-            Ok(m) if m.file_type().is_symlink() => return i + 1 < n || is_dir,
-            Ok(_) => {}
-            // Missing from here on: made below as real directories.
-            Err(_) => return false,
-        }
+/// Writes one entry at `rest` below the held directory `root` (module docs of
+/// [`unpack_into`]): `Ok(false)` if its way passes a symbolic link (any parent, and the
+/// place itself for a directory; a file replaces a link at its own place).
+fn unpack_entry(
+    root: &std::os::fd::OwnedFd,
+    rest: &std::path::Path,
+    is_dir: bool,
+    mode: u32,
+    mtime: u64,
+    data: &mut impl std::io::Read,
+) -> std::io::Result<bool> {
+    use rustix::fs::{Mode, OFlags, openat};
+    use rustix::io::Errno;
+    let nofollow = OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let parts: Vec<&std::ffi::OsStr> = rest.iter().collect();
+    let Some((name, parents)) = parts.split_last() else {
+        return Ok(true);
+    };
+    let mut dir = root.try_clone()?;
+    for p in parents {
+        let open = || {
+            openat(
+                &dir,
+                *p,
+                OFlags::PATH | OFlags::DIRECTORY | nofollow,
+                Mode::empty(),
+            )
+        };
+        dir = match open() {
+            Ok(d) => d,
+            Err(Errno::NOENT) => {
+                match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                match open() {
+                    Ok(d) => d,
+                    Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, p, e),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, p, e),
+            Err(e) => return Err(e.into()),
+        };
     }
-    false
+    let perm = Mode::from_raw_mode(mode);
+    if is_dir {
+        let open = || {
+            openat(
+                &dir,
+                *name,
+                OFlags::RDONLY | OFlags::DIRECTORY | nofollow,
+                Mode::empty(),
+            )
+        };
+        let d = match open() {
+            Err(Errno::NOENT) => {
+                rustix::fs::mkdirat(&dir, *name, Mode::from_raw_mode(0o700))?;
+                open()
+            }
+            other => other,
+        };
+        let d = match d {
+            Ok(d) => d,
+            Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, name, e),
+            Err(e) => return Err(e.into()),
+        };
+        rustix::fs::fchmod(&d, perm)?;
+        return Ok(true);
+    }
+    // A fresh name of our own, written, then renamed over the entry's name.
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | nofollow;
+    let (tmp, fd) = (0..16)
+        .find_map(|_| {
+            let tmp = format!(".runcell-tmp-{:016x}", rand::random::<u64>());
+            match openat(&dir, tmp.as_str(), flags, Mode::from_raw_mode(0o600)) {
+                Err(Errno::EXIST) => None,
+                r => Some(r.map(|fd| (tmp, fd))),
+            }
+        })
+        .unwrap_or(Err(Errno::EXIST))?;
+    let mut file = std::fs::File::from(fd);
+    let written = (|| {
+        std::io::copy(data, &mut file)?;
+        rustix::fs::fchmod(&file, perm)?;
+        if mtime > 0 {
+            let _ =
+                file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime));
+        }
+        rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name)?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+        return Err(e);
+    }
+    Ok(true)
+}
+
+/// `Ok(false)` (skip the entry) if `name` in `dir` is a symbolic link, else `e`: a
+/// non-directory that is not a link is in the way.
+fn link_or(
+    dir: &std::os::fd::OwnedFd,
+    name: &std::ffi::OsStr,
+    e: rustix::io::Errno,
+) -> std::io::Result<bool> {
+    use rustix::fs::{AtFlags, FileType};
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => Ok(false),
+        _ => Err(e.into()),
+    }
 }
 
 /// A tar stream of one regular file `name` with `len` bytes read from `contents`, framed
@@ -1114,6 +1225,52 @@ mod tests {
             reader.read_all(u64::MAX, "/w/f").await.unwrap(),
             vec![5u8; 10_000]
         );
+    }
+
+    /// The host folder may be a live run's bind mount: a name in it that keeps trading
+    /// places with a link to a folder outside never gets anything written or changed
+    /// through it.
+    #[tokio::test]
+    async fn unpacking_while_a_link_is_swapped_in_never_writes_through_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("runcell-race-{:x}", rand::random::<u64>()));
+        let (host, outside) = (base.join("host"), base.join("outside"));
+        std::fs::create_dir_all(host.join("d")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&outside, host.join("l")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, d, l) = (stop.clone(), host.join("d"), host.join("l"));
+            std::thread::spawn(move || {
+                let cwd = rustix::fs::CWD;
+                let flags = rustix::fs::RenameFlags::EXCHANGE;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    rustix::fs::renameat_with(cwd, &d, cwd, &l, flags).unwrap();
+                }
+            })
+        };
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, kind, data) in [
+            ("d/", tar::EntryType::Directory, &b""[..]),
+            ("d/planted", tar::EntryType::Regular, &b"x"[..]),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(0o777);
+            header.set_size(data.len() as u64);
+            builder.append_data(&mut header, path, data).unwrap();
+        }
+        let tar = builder.into_inner().unwrap();
+        for _ in 0..300 {
+            let _ = unpack_into(byte_stream(tar.clone()), &host, 0).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[tokio::test]

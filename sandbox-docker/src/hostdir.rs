@@ -8,7 +8,7 @@
 //! ([`defuse`]): setuid and setgid bits come off files, device nodes are removed.
 //! Symbolic links are never followed, nor other filesystems entered.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use bollard::models::ContainerInspectResponse;
@@ -43,16 +43,20 @@ pub(crate) struct Defused {
 /// Directories keep theirs (a setgid directory only passes its group on). Call it once
 /// nothing in the sandbox can write there any more.
 pub(crate) fn defuse(dir: &Path) -> Defused {
+    use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, fstat, openat, statat};
     let mut done = Defused::default();
-    let Ok(root) = std::fs::symlink_metadata(dir) else {
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let Ok(root) = openat(CWD, dir, dir_flags, Mode::empty()) else {
         return done;
     };
-    if !root.is_dir() {
+    let Ok(root_dev) = fstat(&root).map(|st| st.st_dev) else {
         return done;
-    }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(at) = stack.pop() {
-        let entries = match std::fs::read_dir(&at) {
+    };
+    // Another run may share the folder and swap names while this walks: every name is
+    // looked at and changed through descriptors of held directories, never by path.
+    let mut stack = vec![(root, dir.to_path_buf())];
+    while let Some((fd, at)) = stack.pop() {
+        let entries = match Dir::read_from(&fd) {
             Ok(entries) => entries,
             Err(e) => {
                 done.failed.push((at, e.to_string()));
@@ -60,43 +64,58 @@ pub(crate) fn defuse(dir: &Path) -> Defused {
             }
         };
         for entry in entries.flatten() {
-            let path = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            let name = entry.file_name().to_owned();
+            if matches!(name.to_bytes(), b"." | b"..") {
+                continue;
+            }
+            let path = at.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+            let Ok(st) = statat(&fd, &name, AtFlags::SYMLINK_NOFOLLOW) else {
                 continue;
             };
-            let kind = meta.file_type();
-            if kind.is_symlink() {
-                continue;
-            }
-            if kind.is_dir() {
-                if meta.dev() == root.dev() {
-                    stack.push(path);
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Symlink => {}
+                FileType::Directory => {
+                    if st.st_dev == root_dev
+                        && let Ok(sub) = openat(&fd, &name, dir_flags, Mode::empty())
+                    {
+                        stack.push((sub, path));
+                    }
                 }
-                continue;
-            }
-            if kind.is_block_device() || kind.is_char_device() {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => done.removed += 1,
-                    Err(e) => done.failed.push((path, e.to_string())),
+                // Whatever is at the name now goes: it is inside the folder.
+                FileType::BlockDevice | FileType::CharacterDevice => {
+                    match rustix::fs::unlinkat(&fd, &name, AtFlags::empty()) {
+                        Ok(()) => done.removed += 1,
+                        Err(e) => done.failed.push((path, e.to_string())),
+                    }
                 }
-                continue;
-            }
-            // File capabilities are setuid in another form (`setcap cap_setuid+ep` from
-            // the run's root, which holds CAP_SETFCAP by default), and chmod keeps them.
-            match rustix::fs::lremovexattr(&path, "security.capability") {
-                Ok(()) => done.cleared += 1,
-                Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => {}
-                Err(e) => done.failed.push((path.clone(), e.to_string())),
-            }
-            let mode = meta.permissions().mode();
-            if mode & 0o6000 != 0 {
-                // By path, but only after `symlink_metadata` said it is no link, and with
-                // the run gone nothing swaps it.
-                let perm = std::fs::Permissions::from_mode(mode & 0o1777);
-                match std::fs::set_permissions(&path, perm) {
-                    Ok(()) => done.cleared += 1,
-                    Err(e) => done.failed.push((path, e.to_string())),
+                FileType::RegularFile => {
+                    let flags = OFlags::RDONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::NOCTTY
+                        | OFlags::CLOEXEC;
+                    let Ok(file) = openat(&fd, &name, flags, Mode::empty()) else {
+                        continue;
+                    };
+                    // The file opened is the one examined, or it is left alone.
+                    let Ok(st) = fstat(&file) else { continue };
+                    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+                        continue;
+                    }
+                    match rustix::fs::fremovexattr(&file, "security.capability") {
+                        Ok(()) => done.cleared += 1,
+                        Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => {}
+                        Err(e) => done.failed.push((path.clone(), e.to_string())),
+                    }
+                    let mode = st.st_mode & 0o7777;
+                    if mode & 0o6000 != 0 {
+                        match rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o1777)) {
+                            Ok(()) => done.cleared += 1,
+                            Err(e) => done.failed.push((path, e.to_string())),
+                        }
+                    }
                 }
+                _ => {}
             }
         }
     }
@@ -106,6 +125,7 @@ pub(crate) fn defuse(dir: &Path) -> Defused {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn setuid_and_setgid_bits_come_off_files_and_links_are_not_followed() {

@@ -1884,3 +1884,127 @@ fn a_fork_bomb_under_a_pids_limit_is_killed_by_its_shepherd() {
     assert_eq!(h.run(4, &spawn_of(&["true"])).exit, (EXITED, 0));
     assert_eq!(kill_and_wait(&mut h, 1).0, SIGNALED);
 }
+
+unsafe extern "C" {
+    fn renameat2(
+        from_dir: i32,
+        from: *const std::ffi::c_char,
+        to_dir: i32,
+        to: *const std::ffi::c_char,
+        flags: u32,
+    ) -> i32;
+}
+
+/// Exchanges two names atomically (`RENAME_EXCHANGE`); false if refused.
+fn exchange(a: &std::ffi::CStr, b: &std::ffi::CStr) -> bool {
+    // SAFETY: NUL-terminated names that outlive the call; AT_FDCWD and RENAME_EXCHANGE.
+    unsafe { renameat2(-100, a.as_ptr(), -100, b.as_ptr(), 2) == 0 }
+}
+
+/// Runs a PUT of `entries` (regular files get `data`) into `base`: true if `DONE`, false
+/// if a refusal (a link not followed, a non-directory in the way, a name missing).
+fn put_ok(h: &mut Helper, id: u32, base: &Path, entries: &[Entry], data: &[u8]) -> bool {
+    h.send_path(PUT, id, base);
+    for e in entries {
+        h.send_entry(id, e);
+        if e.kind == REGULAR && e.size > 0 {
+            h.send_data(STDIN, id, data);
+        }
+    }
+    h.send_empty(STDIN_EOF, id);
+    let (f, _) = put_result(h, id);
+    if f.kind == DONE {
+        return true;
+    }
+    let (kind, _) = file_error(&f);
+    assert!(
+        matches!(
+            kind,
+            FileError::Untrusted | FileError::NotDir | FileError::NotFound
+        ),
+        "{f:?}"
+    );
+    // The data after the failure is still acknowledged: drain to a PONG.
+    h.send_empty(PING, id);
+    while h.recv().kind != PONG {}
+    false
+}
+
+/// A directory of another user whose `d` keeps trading places with a link to a root-only
+/// directory: PUTs through it, PUTs of a directory entry at it and GETs of it never touch
+/// or read the root-only directory, and a path through a link in it is refused.
+#[test]
+fn a_link_another_user_swaps_in_is_never_followed() {
+    use std::os::unix::ffi::OsStrExt;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new();
+    let canary = dir.path().join("canary");
+    fs::create_dir(&canary).unwrap();
+    fs::set_permissions(&canary, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(canary.join("secret"), "secret").unwrap();
+    let race = dir.path().join("race");
+    fs::create_dir_all(race.join("d")).unwrap();
+    std::os::unix::fs::symlink(&canary, race.join("l")).unwrap();
+    std::os::unix::fs::chown(&race, Some(65534), Some(65534)).unwrap();
+    let c = |p: PathBuf| std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (d, l) = (c(race.join("d")), c(race.join("l")));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                assert!(exchange(&d, &l), "{}", std::io::Error::last_os_error());
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut h = Helper::start();
+    let (mut done, mut refused) = (0, 0);
+    let mut tally = |ok: bool| if ok { done += 1 } else { refused += 1 };
+    let mut id = 0;
+    for _ in 0..300 {
+        id += 3;
+        let planted = entry("planted", REGULAR, 0o4777, 3, "");
+        tally(put_ok(&mut h, id, &race.join("d"), &[planted], b"pwn"));
+        let at_d = entry("d", DIRECTORY, 0o777, 0, "");
+        let below = entry("d/planted", REGULAR, 0o4777, 3, "");
+        tally(put_ok(&mut h, id + 1, &race, &[at_d, below], b"pwn"));
+        h.send_path(GET, id + 2, &race.join("d"));
+        loop {
+            let f = h.recv();
+            match f.kind {
+                STDOUT => {
+                    assert!(!f.payload.windows(6).any(|w| w == b"secret"));
+                    h.send_u32(CREDIT, id + 2, f.payload.len() as u32);
+                }
+                ENTRY => {}
+                DONE => break,
+                FILE_ERROR => break,
+                k => panic!("unexpected frame kind {k}"),
+            }
+        }
+    }
+    id += 3;
+    h.send_path(GET, id, &race.join("l").join("secret"));
+    let (kind, _) = file_error(&h.recv());
+    assert!(matches!(kind, FileError::Untrusted | FileError::NotFound));
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    let md = fs::metadata(&canary).unwrap();
+    assert_eq!((md.mode() & 0o7777, md.uid()), (0o700, 0));
+    let names: Vec<_> = fs::read_dir(&canary)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("secret")]);
+    assert_eq!(fs::read_to_string(canary.join("secret")).unwrap(), "secret");
+    assert!(
+        done > 0 && refused > 0,
+        "{done} done, {refused} refused, {swaps} swaps"
+    );
+}

@@ -29,10 +29,10 @@ use crate::{Context, sh_stdout};
 include!(concat!(env!("OUT_DIR"), "/probe_bin.rs"));
 
 /// Where the probe is placed in the run.
-const PROBE_PATH: &str = "/tmp/runcell-probe";
+pub(crate) const PROBE_PATH: &str = "/tmp/runcell-probe";
 
 /// Uploads the probe (executable by every user).
-async fn upload_probe(run: &dyn Run) -> anyhow::Result<()> {
+pub(crate) async fn upload_probe(run: &dyn Run) -> anyhow::Result<()> {
     ensure!(
         !PROBE.is_empty(),
         "the isolation probe was not built (see the build script's warning)"

@@ -17,6 +17,7 @@ mod hostile_helper;
 mod isolation;
 mod lifecycle;
 mod pool;
+mod races;
 mod robustness;
 mod transfers;
 mod workspace;
@@ -34,6 +35,7 @@ pub use hostile_helper::*;
 pub use isolation::*;
 pub use lifecycle::*;
 pub use pool::*;
+pub use races::*;
 pub use robustness::*;
 pub use transfers::*;
 pub use workspace::*;
@@ -97,6 +99,10 @@ pub static CASES: &[Case] = &[
     case!(a_file_cut_while_it_is_read_fails_the_transfer, files),
     case!(a_cut_upload_is_an_error_and_leaves_no_temporary_file, files),
     case!(a_sparse_file_round_trip_keeps_its_holes, files),
+    case!(
+        file_operations_never_follow_a_link_another_user_swaps_in,
+        files
+    ),
     case!(stop_is_idempotent_and_leaves_nothing),
     case!(dropped_guard_cleans_up),
     case!(guard_cleans_up_on_panic),

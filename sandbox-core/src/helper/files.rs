@@ -31,7 +31,7 @@ fn file_error(kind: FileError, path: &str, message: &str, op: &str) -> Error {
             "path",
             format!("would replace a directory with a non-directory (or the reverse): {what}"),
         ),
-        FileError::Invalid => Error::invalid_spec("path", what),
+        FileError::Invalid | FileError::Untrusted => Error::invalid_spec("path", what),
         FileError::Denied | FileError::Other => Error::new(ErrorKind::Backend, what),
     }
     .with_operation(if op == "put" {

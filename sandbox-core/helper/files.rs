@@ -1,0 +1,551 @@
+//! `PUT` and `GET`: file operations that a sandbox user cannot turn against others.
+//!
+//! The helper usually runs as root, and it writes and reads inside directories that a
+//! less privileged exec user owns. Such a user can swap any name in its directories for a
+//! symbolic link at any moment (an exchange by `renameat2` is atomic), so no operation
+//! here ever looks a name up twice or follows a link that user could have placed:
+//!
+//! - The path the host names (a `PUT`'s directory, the directory holding a `GET`'s path)
+//!   is resolved one component at a time from `/`, each opened `O_PATH | O_NOFOLLOW` and
+//!   held as a descriptor. A symbolic link on the way is followed only when the directory
+//!   holding it can be changed by nobody but root or the helper's own user (owned by one
+//!   of them, not writable by group or others); any other link is refused
+//!   ([`FileError::Untrusted`]), never followed.
+//! - Below that, nothing is followed at all: every entry is reached from the held
+//!   directory's descriptor, one `O_NOFOLLOW` component at a time, and a link where a
+//!   directory is expected is an error.
+//! - Every change goes through a descriptor: a file is created under an unpredictable
+//!   temporary name with `O_EXCL`, written, given its owner, mode and time on the open
+//!   file (`fchown`, `fchmod`, `futimens`), then renamed over its name within the same
+//!   held directory (`renameat`); a directory is created, then opened `O_NOFOLLOW` and
+//!   changed through that descriptor; a link's owner is set with `AT_SYMLINK_NOFOLLOW`.
+//! - A `GET` reopens what it examined through its own descriptor (`/proc/self/fd/N`, the
+//!   same inode, never the name again): a directory to list it, a file to read it.
+//!
+//! One mechanism on every kernel (`openat` walks; `O_PATH` needs Linux 2.6.39), rather
+//! than `openat2` where the kernel has it and a walk elsewhere: one path to test.
+
+use std::collections::hash_map::RandomState;
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::{self, File, Metadata, OpenOptions, Permissions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, ErrorKind, Read};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::proto::{CHUNK, DIRECTORY, Entry, FileError, HOLE_BLOCK, REGULAR, STDOUT, SYMLINK};
+use crate::sys::{self, O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_NOFOLLOW, O_PATH, O_WRONLY};
+use crate::{EINVAL, ELOOP, ENOENT, ENOTDIR, Flow, HEADER, Helper, data_frame, file_error_kind};
+
+/// Symbolic links followed in one path, at most (the kernel's own bound).
+const MAX_LINKS: usize = 40;
+/// Tries at a fresh temporary name when one is taken.
+const TEMP_TRIES: usize = 16;
+
+/// A failure: kind, path (relative, for entries), message.
+pub(crate) type Failure = (FileError, Vec<u8>, String);
+
+fn cstr(name: &[u8]) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(EINVAL))
+}
+
+/// Opens `name` in `dir`, never following a link at `name`.
+fn open_in(dir: &File, name: &CStr, flags: i32) -> io::Result<File> {
+    let flags = flags | O_NOFOLLOW | O_CLOEXEC;
+    sys::openat(Some(dir.as_fd()), name, flags, 0).map(File::from)
+}
+
+/// Opens the file that the descriptor `f` names again, with `flags` (read-only): the
+/// same inode, whatever its name points to now.
+fn reopen(f: &File, flags: i32) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(flags | O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+}
+
+/// Whether nobody but root or the helper's own user can change the entries of the
+/// directory `dir` describes.
+fn trusted(dir: &Metadata) -> bool {
+    let (_, _, euid) = sys::ids();
+    (dir.uid() == 0 || dir.uid() == euid) && dir.mode() & 0o022 == 0
+}
+
+/// The components of a path, without empty ones and `.`.
+fn components(path: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    path.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+}
+
+/// Opens (`O_PATH`) what the absolute `path` names, following a symbolic link only where
+/// [`trusted`] (module docs).
+pub(crate) fn resolve(path: &[u8]) -> Result<File, (FileError, String)> {
+    let fail = |e: io::Error| (file_error_kind(&e), e.to_string());
+    if path.first() != Some(&b'/') {
+        return Err((FileError::Invalid, "the path must be absolute".into()));
+    }
+    let root = || {
+        sys::openat(None, c"/", O_PATH | O_DIRECTORY | O_CLOEXEC, 0)
+            .map(File::from)
+            .map_err(fail)
+    };
+    let mut cur = root()?;
+    // Components still to walk, the next one last; and what was walked, for messages.
+    let mut todo: Vec<Vec<u8>> = components(path).rev().map(<[u8]>::to_vec).collect();
+    let mut walked: Vec<u8> = Vec::new();
+    let mut links = 0;
+    while let Some(c) = todo.pop() {
+        let name = cstr(&c).map_err(fail)?;
+        let next = open_in(&cur, &name, O_PATH).map_err(fail)?;
+        let md = next.metadata().map_err(fail)?;
+        walked.push(b'/');
+        walked.extend_from_slice(&c);
+        if !md.file_type().is_symlink() {
+            cur = next;
+            continue;
+        }
+        if !trusted(&cur.metadata().map_err(fail)?) {
+            return Err((
+                FileError::Untrusted,
+                format!(
+                    "{} is a symbolic link in a directory that users other than root can \
+                     change: not followed (name the path it points to)",
+                    String::from_utf8_lossy(&walked)
+                ),
+            ));
+        }
+        links += 1;
+        if links > MAX_LINKS {
+            return Err(fail(io::Error::from_raw_os_error(ELOOP)));
+        }
+        let target = sys::readlink_fd(next.as_fd()).map_err(fail)?;
+        if target.first() == Some(&b'/') {
+            cur = root()?;
+        }
+        todo.extend(components(&target).rev().map(<[u8]>::to_vec));
+    }
+    Ok(cur)
+}
+
+/// A fresh, unpredictable temporary name (`O_EXCL` makes it ours).
+fn temp_name() -> CString {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = KEYS.get_or_init(RandomState::new).build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    CString::new(format!(".runcell-tmp-{:016x}", h.finish())).expect("no NUL in the name")
+}
+
+/// Creates something under a fresh temporary name in a directory, with `create` (which
+/// must fail with `EEXIST` if the name is taken): the name and what `create` returned.
+fn create_temp<T>(mut create: impl FnMut(&CStr) -> io::Result<T>) -> io::Result<(CString, T)> {
+    let mut last = None;
+    for _ in 0..TEMP_TRIES {
+        let name = temp_name();
+        match create(&name) {
+            Ok(t) => return Ok((name, t)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(ErrorKind::AlreadyExists)))
+}
+
+/// `Err(IsDir)` if a directory is at `name` in `dir` (a file or link there is replaced).
+fn no_directory_at(dir: &File, name: &CStr) -> Result<(), FileError> {
+    match open_in(dir, name, O_PATH).and_then(|f| f.metadata()) {
+        Ok(m) if m.is_dir() => Err(FileError::IsDir),
+        _ => Ok(()),
+    }
+}
+
+// ---- PUT -------------------------------------------------------------------------------
+
+/// A `PUT` in progress.
+pub(crate) struct Put {
+    /// The directory everything lands in (`O_PATH`); `None` once failed.
+    base: Option<File>,
+    /// After the first error the operation's frames are discarded (STDIN still acked).
+    pub(crate) failed: bool,
+    /// The regular file whose data is being received.
+    pub(crate) file: Option<PutFile>,
+}
+
+/// A regular file being written under a temporary name.
+pub(crate) struct PutFile {
+    pub(crate) rel: Vec<u8>,
+    /// The directory it lands in, its temporary name there and its name.
+    dir: File,
+    tmp: CString,
+    name: CString,
+    file: File,
+    left: u64,
+    entry: Entry,
+}
+
+impl PutFile {
+    /// Owner, mode, mtime (all on the open file), then the rename over its name.
+    fn finish(self, root: bool) -> Result<(), Failure> {
+        let e = &self.entry;
+        let r = (|| {
+            // A hole at the end was seeked over, not written.
+            self.file.set_len(e.size)?;
+            if root {
+                std::os::unix::fs::fchown(&self.file, Some(e.uid), Some(e.gid))?;
+            }
+            self.file
+                .set_permissions(Permissions::from_mode(e.mode & 0o7777))?;
+            if e.mtime > 0 {
+                let _ = self
+                    .file
+                    .set_modified(UNIX_EPOCH + Duration::from_secs(e.mtime as u64));
+            }
+            sys::renameat(self.dir.as_fd(), &self.tmp, &self.name)
+        })();
+        r.map_err(|err| {
+            let _ = sys::unlinkat(self.dir.as_fd(), &self.tmp);
+            (file_error_kind(&err), self.rel.clone(), err.to_string())
+        })
+    }
+
+    /// Removes the temporary file.
+    pub(crate) fn abandon(self) {
+        let _ = sys::unlinkat(self.dir.as_fd(), &self.tmp);
+    }
+}
+
+impl Put {
+    /// A `PUT` into the directory `path` (which must exist); failed at once if it cannot
+    /// be used.
+    pub(crate) fn start(path: &[u8]) -> Result<Put, Failure> {
+        let base = resolve(path)
+            .and_then(|d| match d.metadata() {
+                Ok(m) if m.is_dir() => Ok(d),
+                Ok(_) => Err((FileError::NotDir, "not a directory".to_string())),
+                Err(e) => Err((file_error_kind(&e), e.to_string())),
+            })
+            .map_err(|(k, m)| (k, Vec::new(), m))?;
+        Ok(Put::failed_with(Some(base)))
+    }
+
+    /// A `PUT` whose frames are only acknowledged (`base` `None`: it failed).
+    pub(crate) fn failed_with(base: Option<File>) -> Put {
+        Put {
+            failed: base.is_none(),
+            base,
+            file: None,
+        }
+    }
+
+    /// The first failure: `FILE_ERROR` once, then the operation's frames are discarded.
+    pub(crate) fn fail(&mut self, h: &'static Helper, id: u32, (kind, rel, msg): Failure) {
+        self.failed = true;
+        self.base = None;
+        if let Some(pf) = self.file.take() {
+            pf.abandon();
+        }
+        h.send_file_error(id, kind, &rel, &msg);
+    }
+
+    /// Applies one `ENTRY`.
+    pub(crate) fn apply(&mut self, root: bool, e: Entry) -> Result<(), Failure> {
+        let rel = e.path.clone();
+        let err = |k: FileError, m: &str| (k, rel.clone(), m.to_string());
+        let io_err = |x: io::Error| (file_error_kind(&x), rel.clone(), x.to_string());
+        // A link (or any non-directory) where a directory is expected.
+        let in_the_way = |x: io::Error| match x.raw_os_error() {
+            Some(ELOOP | ENOTDIR) => err(FileError::NotDir, "a non-directory is in the way"),
+            _ => io_err(x),
+        };
+        let valid = !rel.is_empty()
+            && rel
+                .split(|&b| b == b'/')
+                .all(|c| !c.is_empty() && c != b"." && c != b"..");
+        if !valid {
+            return Err(err(FileError::Invalid, "invalid entry path"));
+        }
+        let Some(base) = &self.base else {
+            return Err(err(FileError::Other, "the operation failed"));
+        };
+        // The entry's directory, reached from the base without following anything.
+        let parts: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
+        let (last, parents) = parts.split_last().expect("a valid path has a component");
+        let mut dir = base.try_clone().map_err(io_err)?;
+        for p in parents {
+            let name = cstr(p).map_err(io_err)?;
+            dir = open_in(&dir, &name, O_PATH | O_DIRECTORY).map_err(in_the_way)?;
+        }
+        let name = cstr(last).map_err(io_err)?;
+        let mode = e.mode & 0o7777;
+        match e.kind {
+            DIRECTORY => {
+                let opened = match open_in(&dir, &name, O_DIRECTORY) {
+                    Err(x) if x.raw_os_error() == Some(ENOENT) => {
+                        sys::mkdirat(dir.as_fd(), &name, 0o700).map_err(io_err)?;
+                        open_in(&dir, &name, O_DIRECTORY)
+                    }
+                    other => other,
+                };
+                let d = opened.map_err(in_the_way)?;
+                if root {
+                    std::os::unix::fs::fchown(&d, Some(e.uid), Some(e.gid)).map_err(io_err)?;
+                }
+                d.set_permissions(Permissions::from_mode(mode))
+                    .map_err(io_err)?;
+            }
+            SYMLINK => {
+                no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
+                let target = cstr(&e.link).map_err(io_err)?;
+                let (tmp, ()) =
+                    create_temp(|t| sys::symlinkat(&target, dir.as_fd(), t)).map_err(io_err)?;
+                let owned = if root {
+                    sys::lchownat(dir.as_fd(), &tmp, e.uid, e.gid)
+                } else {
+                    Ok(())
+                };
+                if let Err(x) = owned.and_then(|()| sys::renameat(dir.as_fd(), &tmp, &name)) {
+                    let _ = sys::unlinkat(dir.as_fd(), &tmp);
+                    return Err(io_err(x));
+                }
+            }
+            REGULAR => {
+                no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
+                let flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+                let (tmp, file) = create_temp(|t| sys::openat(Some(dir.as_fd()), t, flags, 0o600))
+                    .map_err(io_err)?;
+                let pf = PutFile {
+                    rel,
+                    dir,
+                    tmp,
+                    name,
+                    file: File::from(file),
+                    left: e.size,
+                    entry: e,
+                };
+                if pf.left == 0 {
+                    pf.finish(root)?;
+                } else {
+                    self.file = Some(pf);
+                }
+            }
+            k => return Err(err(FileError::Invalid, &format!("unknown entry type {k}"))),
+        }
+        Ok(())
+    }
+
+    /// Data of the current regular file.
+    pub(crate) fn data(&mut self, root: bool, data: &[u8]) -> Result<(), Failure> {
+        let Some(pf) = self.file.as_mut() else {
+            return Err((
+                FileError::Invalid,
+                Vec::new(),
+                "data without a file entry".into(),
+            ));
+        };
+        if data.len() as u64 > pf.left {
+            return Err((
+                FileError::Invalid,
+                pf.rel.clone(),
+                "more data than the entry's size".into(),
+            ));
+        }
+        let pos = pf.entry.size - pf.left;
+        write_sparse(&mut pf.file, pos, data)
+            .map_err(|x| (file_error_kind(&x), pf.rel.clone(), x.to_string()))?;
+        pf.left -= data.len() as u64;
+        if let Some(pf) = self.file.take_if(|pf| pf.left == 0) {
+            pf.finish(root)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `data` at offset `pos` of a new file (its current position), seeking over
+/// every whole [`HOLE_BLOCK`]-aligned block of zeros instead of writing it: a sparse
+/// file crosses as its full size but lands with holes again (`PutFile::finish` sets the
+/// length, for a hole at the end).
+fn write_sparse(file: &mut File, mut pos: u64, data: &[u8]) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut start = 0; // Of the run of data not written yet.
+    let mut at = 0;
+    while at < data.len() {
+        let n = ((HOLE_BLOCK - pos % HOLE_BLOCK) as usize).min(data.len() - at);
+        let piece = &data[at..at + n];
+        if n as u64 == HOLE_BLOCK && piece.iter().all(|b| *b == 0) {
+            file.write_all(&data[start..at])?;
+            file.seek(SeekFrom::Current(HOLE_BLOCK as i64))?;
+            start = at + n;
+        }
+        at += n;
+        pos += n as u64;
+    }
+    file.write_all(&data[start..])
+}
+
+// ---- GET -------------------------------------------------------------------------------
+
+/// How a `GET` ended early.
+pub(crate) enum GetEnd {
+    /// `FILE_ERROR`: kind, relative path, message.
+    Failed(FileError, Vec<u8>, String),
+    /// `DISCARD`: no frame at all.
+    Discarded,
+}
+
+/// A `GET` of a fifo, socket or device.
+fn not_a_file(rel: &[u8]) -> GetEnd {
+    GetEnd::Failed(
+        FileError::Invalid,
+        rel.to_vec(),
+        "not a regular file, directory or symbolic link".to_string(),
+    )
+}
+
+/// Queues a `GET`'s `ENTRY` once the credit covers its payload.
+fn send_entry(h: &Helper, flow: &Flow, id: u32, e: &Entry) -> Result<(), GetEnd> {
+    let mut enc = crate::proto::Enc::frame(crate::proto::ENTRY, id);
+    e.encode(&mut enc);
+    let frame = enc.finish();
+    let cost = (frame.len() - HEADER) as u64;
+    if flow.send(h, frame, cost) {
+        Ok(())
+    } else {
+        Err(GetEnd::Discarded)
+    }
+}
+
+/// An `ENTRY` for a `GET`.
+fn entry_of(rel: &[u8], kind: u8, md: &Metadata, size: u64, link: Vec<u8>) -> Entry {
+    Entry {
+        path: rel.to_vec(),
+        kind,
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        mtime: md.mtime(),
+        size,
+        link,
+    }
+}
+
+/// Streams a path (and, for a directory, everything below it) to the host, `ENTRY`
+/// and `STDOUT` payloads under the flow's credit. The path's directory is resolved by
+/// [`resolve`]; the path itself and everything below it are never followed.
+pub(crate) fn get_tree(h: &Helper, id: u32, path: &[u8], flow: &Flow) -> Result<(), GetEnd> {
+    let invalid = |m: &str| GetEnd::Failed(FileError::Invalid, Vec::new(), m.to_string());
+    if path.first() != Some(&b'/') {
+        return Err(invalid("the path must be absolute"));
+    }
+    let mut parts: Vec<&[u8]> = components(path).collect();
+    let base = match parts.pop() {
+        Some(b) if b != b".." => b,
+        _ => return Err(invalid("the path has no base name")),
+    };
+    let parent =
+        resolve(&[b"/".as_slice(), &parts.join(&b'/')].concat()).map_err(|(kind, msg)| {
+            // Under a non-directory (`/etc/passwd/x`): there is no such path.
+            let kind = if kind == FileError::NotDir {
+                FileError::NotFound
+            } else {
+                kind
+            };
+            GetEnd::Failed(kind, Vec::new(), msg)
+        })?;
+    let mut buf = vec![0u8; HEADER + CHUNK];
+    // (directory, name in it, path relative to the archive's root)
+    let mut stack = vec![(Arc::new(parent), base.to_vec(), base.to_vec())];
+    let mut first = true;
+    while let Some((dir, name, rel)) = stack.pop() {
+        let io_err = |e: &io::Error| {
+            let kind = match e.raw_os_error() {
+                Some(ENOTDIR) => FileError::NotFound,
+                _ => file_error_kind(e),
+            };
+            GetEnd::Failed(kind, rel.clone(), e.to_string())
+        };
+        let top = std::mem::replace(&mut first, false);
+        let found = cstr(&name).and_then(|n| open_in(&dir, &n, O_PATH));
+        let (f, md) = match found.and_then(|f| f.metadata().map(|m| (f, m))) {
+            Ok(x) => x,
+            // Vanished while we walked: skip it (the path asked for must exist).
+            Err(e) if !top && e.kind() == ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&e)),
+        };
+        drop(dir);
+        let ft = md.file_type();
+        if ft.is_dir() {
+            // Listed through its own descriptor. A listing that fails partway is an
+            // error, never a shorter directory.
+            let listed = fs::read_dir(format!("/proc/self/fd/{}", f.as_raw_fd())).and_then(|d| {
+                d.map(|e| e.map(|e| e.file_name()))
+                    .collect::<io::Result<Vec<_>>>()
+            });
+            let mut names = listed.map_err(|e| io_err(&e))?;
+            send_entry(h, flow, id, &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()))?;
+            names.sort();
+            let f = Arc::new(f);
+            for n in names.into_iter().rev() {
+                let n = OsStr::as_bytes(&n).to_vec();
+                let mut r = rel.clone();
+                r.push(b'/');
+                r.extend_from_slice(&n);
+                stack.push((f.clone(), n, r));
+            }
+        } else if ft.is_symlink() {
+            let link = sys::readlink_fd(f.as_fd()).map_err(|e| io_err(&e))?;
+            send_entry(h, flow, id, &entry_of(&rel, SYMLINK, &md, 0, link))?;
+        } else if ft.is_file() {
+            let mut f = reopen(&f, sys::O_NONBLOCK_OPEN).map_err(|e| io_err(&e))?;
+            let md = f.metadata().map_err(|e| io_err(&e))?;
+            if !md.is_file() {
+                if top {
+                    return Err(not_a_file(&rel));
+                }
+                continue;
+            }
+            let size = md.len();
+            send_entry(h, flow, id, &entry_of(&rel, REGULAR, &md, size, Vec::new()))?;
+            let mut left = size;
+            let mut eof = false;
+            while left > 0 {
+                let credit = flow.wait_credit(1).ok_or(GetEnd::Discarded)?;
+                let want = (CHUNK as u64).min(left).min(credit) as usize;
+                let mut got = 0;
+                while !eof && got < want {
+                    match f.read(&mut buf[HEADER + got..HEADER + want]) {
+                        Ok(0) => eof = true,
+                        Ok(m) => got += m,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_err(&e)),
+                    }
+                }
+                if eof {
+                    // The file shrank while it was read: its `ENTRY` announced more
+                    // than there is. An error naming it, never zeros in its place.
+                    let read = size - left + got as u64;
+                    return Err(GetEnd::Failed(
+                        FileError::Other,
+                        rel.clone(),
+                        format!("the file shrank while it was read ({read} of its {size} bytes)"),
+                    ));
+                }
+                let frame = data_frame(&mut buf, STDOUT, id, want);
+                if !flow.send(h, frame, want as u64) {
+                    return Err(GetEnd::Discarded);
+                }
+                left -= want as u64;
+            }
+        } else if top {
+            // The path asked for is a fifo, socket or device: nothing to copy.
+            return Err(not_a_file(&rel));
+        }
+        // Below a directory, other types (fifo, socket, device) have no entry type:
+        // skipped, as a file removed before it was read.
+    }
+    Ok(())
+}
