@@ -2,14 +2,24 @@
 //! executable and embeds it, so that a user of any driver crate gets it with no step of
 //! their own and the build stays offline: plain `rustc` (the same compiler cargo runs),
 //! glibc `crt-static` (a static-pie that runs in any Linux image of the same
-//! architecture, `FROM scratch` included). Without a Linux target or a static C library
-//! the helper is left out with a warning, and runs use the plain exec path (set
-//! `RUNCELL_HELPER_REQUIRED=1` to make that a build error instead).
+//! architecture, `FROM scratch` included); on a `-linux-musl` target, musl's static
+//! libc.
+//!
+//! The helper is never silently missing: a build that cannot make it fails, saying why
+//! and how to go on. `RUNCELL_HELPER_PATH=/path/to/runcell-helper` embeds a prebuilt
+//! helper instead (a static Linux executable for the targets' architecture, e.g. built on
+//! a Linux machine: it is this crate's `helper/main.rs` compiled as above); and
+//! `RUNCELL_HELPER_PATH=none` builds without one, on purpose: every run then takes the
+//! plain exec path (no per-exec users on Kubernetes, one engine exec per command), and
+//! the first such run logs it at warn level. docs.rs builds without one.
 
 use std::env;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
+
+/// Where a prebuilt helper is, or `none`.
+const PATH_ENV: &str = "RUNCELL_HELPER_PATH";
 
 #[path = "helper/proto.rs"]
 #[allow(dead_code)]
@@ -17,14 +27,26 @@ mod proto;
 
 fn main() {
     println!("cargo:rerun-if-changed=helper");
-    println!("cargo:rerun-if-env-changed=RUNCELL_HELPER_REQUIRED");
+    println!("cargo:rerun-if-env-changed={PATH_ENV}");
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target = env::var("TARGET").expect("cargo sets TARGET");
-    let exe = out.join("runcell-helper");
-    let built = if target.contains("-linux-gnu") {
+    let given = env::var_os(PATH_ENV);
+    let none = given.as_deref().is_some_and(|p| p == "none") || env::var_os("DOCS_RS").is_some();
+    let exe = match &given {
+        Some(path) if !none => {
+            println!("cargo:rerun-if-changed={}", PathBuf::from(path).display());
+            PathBuf::from(path)
+        }
+        _ => out.join("runcell-helper"),
+    };
+    let built = if none {
+        Err(String::new())
+    } else if given.is_some() {
+        Ok(())
+    } else if target.contains("-linux-gnu") || target.contains("-linux-musl") {
         compile(&target, &exe)
     } else {
-        Err(format!("{target} is not a Linux glibc target"))
+        Err(format!("{target} is not a Linux target"))
     };
     let mut code = String::new();
     match built.and_then(|()| std::fs::read(&exe).map_err(|e| e.to_string())) {
@@ -39,12 +61,17 @@ fn main() {
             writeln!(code, "pub(crate) const DIGEST: u64 = {:#x};", digest.0).unwrap();
         }
         Err(why) => {
-            if env::var_os("RUNCELL_HELPER_REQUIRED").is_some_and(|v| v != "0") {
-                panic!("the exec helper could not be built: {why}");
+            if !none {
+                panic!(
+                    "the exec helper (the static program runcell runs inside every sandbox) could \
+                     not be built: {why}\n\
+                     Either make it buildable (a Linux target with a static C library: on Debian \
+                     or Ubuntu `apt-get install libc6-dev`; for musl `rustup target add \
+                     <arch>-unknown-linux-musl`), or set {PATH_ENV}=/path/to/runcell-helper (a \
+                     prebuilt helper for the sandboxes' architecture), or set {PATH_ENV}=none to \
+                     build without it (every run then takes the plain exec path)."
+                );
             }
-            println!(
-                "cargo:warning=the exec helper could not be built ({why}); runs will use the plain exec path"
-            );
             code.push_str("pub(crate) const BYTES: &[u8] = &[];\n");
             code.push_str("pub(crate) const DIGEST: u64 = 0;\n");
         }

@@ -683,7 +683,10 @@ async fn bring_up<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) ->
         // working directory; without one, a plain exec does.
         let helper_error = match mode {
             ExecHelper::Off => None,
-            _ => match helper::start(backend, id).await {
+            // An upload into a target whose keep-alive is exiting may wait on an engine
+            // that never answers (its own bound is a minute): watched like the liveness
+            // check below.
+            _ => match unless_gone(backend, id, helper::start(backend, id)).await {
                 Ok(session) => {
                     *run.helper.lock().await = HelperState::Ready(session);
                     None
@@ -706,7 +709,7 @@ async fn bring_up<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) ->
                 .with_field("exec_helper")
                 .with("run", id));
             }
-            tracing::info!(run = %id, "the exec helper could not start ({e}); using plain execs");
+            helper::log_fallback(id, &e);
         } else if mode == ExecHelper::Off {
             check_alive(run).await?;
         }
@@ -719,21 +722,8 @@ async fn bring_up<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) ->
 async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
     let probe = run.exec(ExecSpec::new(["sh", "-c", ":"]).timeout(LIVENESS_TIMEOUT));
     // A keep-alive that exits while the probe starts may leave the probe waiting on an
-    // engine that never answers: watch the target meanwhile, and stop at once if it is gone.
-    let gone = async {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            if let Err(e) = run.backend.attach_target(&run.id).await
-                && e.kind() == ErrorKind::RunLost
-            {
-                return e;
-            }
-        }
-    };
-    let probe = tokio::select! {
-        probe = probe => probe,
-        lost = gone => Err(lost),
-    };
+    // engine that never answers: watched, it stops at once if the target is gone.
+    let probe = unless_gone(&run.backend, &run.id, probe).await;
     let failed = |message: String| Error::new(ErrorKind::StartFailed, message).with("run", &run.id);
     match probe {
         Ok(out) if out.status.success() => Ok(()),
@@ -760,6 +750,30 @@ async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
             }
             Err(e)
         }
+    }
+}
+
+/// `fut`, unless target `id` is found gone first (checked every second): then the
+/// check's `RunLost` error. For the steps of a create that exec into a target which may be
+/// exiting: such an exec can wait on an engine that never answers.
+async fn unless_gone<B: Backend, T>(
+    backend: &B,
+    id: &str,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let gone = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Err(e) = backend.attach_target(id).await
+                && e.kind() == ErrorKind::RunLost
+            {
+                return e;
+            }
+        }
+    };
+    tokio::select! {
+        done = fut => done,
+        lost = gone => Err(lost),
     }
 }
 
@@ -961,7 +975,7 @@ impl<B: Backend> CoreRun<B> {
                 Err(e.with("run", &self.id))
             }
             Err(e) => {
-                tracing::info!(run = %self.id, "the exec helper could not start ({e}); using plain execs");
+                helper::log_fallback(&self.id, &e);
                 *state = HelperState::Plain;
                 Ok(None)
             }

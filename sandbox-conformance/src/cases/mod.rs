@@ -174,3 +174,43 @@ pub static CASES: &[Case] = &[
     ),
     case!(one_execs_kill_never_reaches_another_execs_processes, files),
 ];
+
+#[cfg(test)]
+mod tests {
+    /// Every case written is run: each `pub async fn name(cx: &Context)` in `cases/` is
+    /// in [`super::CASES`] once, and every entry there is such a function.
+    #[test]
+    fn every_case_is_registered_once() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cases");
+        let mut written = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Signatures may wrap: join the lines between `pub async fn` and `{`.
+            for (i, _) in text.match_indices("pub async fn ") {
+                let rest = &text[i + "pub async fn ".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let head = &rest[..rest.find('{').unwrap_or(rest.len())];
+                if head.contains("cx: &Context") && head.contains("anyhow::Result<()>") {
+                    written.push(name);
+                }
+            }
+        }
+        written.sort();
+        let mut registered: Vec<String> = super::CASES.iter().map(|c| c.name.to_string()).collect();
+        registered.sort();
+        let mut dupes = registered.clone();
+        dupes.dedup();
+        assert_eq!(dupes.len(), registered.len(), "a case is registered twice");
+        let missing: Vec<_> = written.iter().filter(|n| !registered.contains(n)).collect();
+        let stray: Vec<_> = registered.iter().filter(|n| !written.contains(n)).collect();
+        assert!(
+            missing.is_empty() && stray.is_empty(),
+            "cases not in CASES: {missing:?}; CASES entries with no case function: {stray:?}"
+        );
+        assert!(written.len() > 50, "found only {} cases", written.len());
+    }
+}

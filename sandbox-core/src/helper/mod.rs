@@ -87,9 +87,24 @@ pub enum ExecPath {
     Plain,
 }
 
-/// True when this build embeds a helper (a Linux glibc target with a static C library).
+/// True when this build embeds a helper: always, unless it was built with
+/// `RUNCELL_HELPER_PATH=none` (or on docs.rs).
 pub fn available() -> bool {
     !embedded::BYTES.is_empty()
+}
+
+/// Logs that run `run` takes the plain exec path because the helper could not start:
+/// at warn level the first time in this process, at info level after that.
+pub(crate) fn log_fallback(run: &str, why: &dyn std::fmt::Display) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            run,
+            "the exec helper could not start ({why}); this run uses plain execs (one engine exec per command; later fallbacks are logged at info level)"
+        );
+    } else {
+        tracing::info!(run, "the exec helper could not start ({why}); using plain execs");
+    }
 }
 
 /// The helper's size and digest, as embedded.
