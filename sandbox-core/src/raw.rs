@@ -561,10 +561,10 @@ async fn claim_setup<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>)
     }
     if let Some(dir) = &spec.workspace.host_dir {
         plan.report(Progress::Step("copying the workspace in".into()));
-        let tar = files::tar_dir(dir).map_err(|e| e.with_field("workspace.host_dir"))?;
         backend
-            .put_tar(id, &spec.workspace.path, files::byte_stream(tar))
-            .await?;
+            .put_tar(id, &spec.workspace.path, files::tar_dir_stream(dir))
+            .await
+            .map_err(|e| e.with_field("workspace.host_dir"))?;
     }
     if let Some(dir) = &spec.working_dir
         && *dir != spec.workspace.path

@@ -161,7 +161,7 @@ impl K8sDriver {
 
     /// Copies the host directory's content into the pod's workspace.
     pub(crate) async fn seed_workspace(&self, id: &str, host_dir: &Path, path: &str) -> Result<()> {
-        self.put_tar_by_exec(id, path, files::byte_stream(files::tar_dir(host_dir)?))
+        self.put_tar_by_exec(id, path, files::tar_dir_stream(host_dir))
             .await
     }
 

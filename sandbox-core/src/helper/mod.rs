@@ -103,7 +103,10 @@ pub(crate) fn log_fallback(run: &str, why: &dyn std::fmt::Display) {
             "the exec helper could not start ({why}); this run uses plain execs (one engine exec per command; later fallbacks are logged at info level)"
         );
     } else {
-        tracing::info!(run, "the exec helper could not start ({why}); using plain execs");
+        tracing::info!(
+            run,
+            "the exec helper could not start ({why}); using plain execs"
+        );
     }
 }
 

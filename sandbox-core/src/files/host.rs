@@ -1,0 +1,557 @@
+//! Host folders: a host workspace read into a tar stream, and a tar stream from a
+//! sandbox unpacked into a host folder, both through held descriptors.
+
+use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt as _;
+
+use super::*;
+
+/// A tar stream of the content of host directory `dir` (paths relative to it; symbolic
+/// links kept as links, never followed): how a host workspace is copied into a target.
+/// Built on a blocking thread as it is read (a few chunks ahead), never whole in memory.
+///
+/// The folder may be shared with a live run that swaps names in it: it is walked through
+/// held directory descriptors, every name opened `O_NOFOLLOW` and the file read the one
+/// examined, so a link swapped in is archived as a link (or skipped), never read through.
+/// A file that shrinks while it is read fails the stream, naming it.
+pub fn tar_dir_stream(dir: &std::path::Path) -> ByteStream {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let out = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(ChannelWriter::CHUNK),
+        };
+        if let Err(e) = write_dir_tar(&dir, out) {
+            let what = format!("cannot archive {}: {e}", dir.display());
+            let _ = tx.blocking_send(Err(std::io::Error::new(e.kind(), what)));
+        }
+    });
+    stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
+}
+
+/// A `Write` that hands its bytes to a stream in chunks (blocking when the reader is
+/// behind; `BrokenPipe` once the reader is gone).
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl ChannelWriter {
+    const CHUNK: usize = 64 << 10;
+
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(
+            &mut self.buf,
+            Vec::with_capacity(Self::CHUNK),
+        ));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+    }
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(Self::CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= Self::CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
+/// A reader of exactly `left` bytes: an end before that is an error naming `name`.
+struct Exact<R> {
+    inner: R,
+    left: u64,
+    name: std::path::PathBuf,
+}
+
+impl<R: std::io::Read> std::io::Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{} shrank while it was read", self.name.display()),
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Writes the tar archive of `dir`'s content to `out` (see [`tar_dir_stream`]).
+fn write_dir_tar(dir: &std::path::Path, out: ChannelWriter) -> std::io::Result<()> {
+    use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, fstat, openat, statat};
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let root = openat(CWD, dir, dir_flags, Mode::empty())?;
+    let mut builder = tar::Builder::new(out);
+    let header = |st: &rustix::fs::Stat, kind: tar::EntryType, size: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(st.st_mode & 0o7777);
+        h.set_uid(st.st_uid.into());
+        h.set_gid(st.st_gid.into());
+        h.set_mtime(st.st_mtime.max(0) as u64);
+        h.set_size(size);
+        h
+    };
+    let mut stack = vec![(root, std::path::PathBuf::new())];
+    while let Some((fd, rel)) = stack.pop() {
+        let mut names: Vec<std::ffi::CString> = Vec::new();
+        for entry in Dir::read_from(&fd)? {
+            let name = entry?.file_name().to_owned();
+            if !matches!(name.to_bytes(), b"." | b"..") {
+                names.push(name);
+            }
+        }
+        names.sort();
+        for name in names {
+            let path = rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+            let st = match statat(&fd, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                // Removed while we walked: as if it had not been there.
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    let flags = dir_flags | OFlags::NOFOLLOW;
+                    let sub = match openat(&fd, &name, flags, Mode::empty()) {
+                        Ok(sub) => sub,
+                        // Swapped for something else meanwhile: skipped.
+                        Err(
+                            rustix::io::Errno::NOENT
+                            | rustix::io::Errno::NOTDIR
+                            | rustix::io::Errno::LOOP,
+                        ) => continue,
+                        Err(e) => return Err(e.into()),
+                    };
+                    let st = fstat(&sub)?;
+                    let mut h = header(&st, tar::EntryType::Directory, 0);
+                    builder.append_data(&mut h, &path, std::io::empty())?;
+                    stack.push((sub, path));
+                }
+                FileType::RegularFile => {
+                    let flags = OFlags::RDONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::NOCTTY
+                        | OFlags::CLOEXEC;
+                    let file = match openat(&fd, &name, flags, Mode::empty()) {
+                        Ok(file) => file,
+                        Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP) => continue,
+                        Err(e) => return Err(e.into()),
+                    };
+                    // The file read is the one examined.
+                    let st = fstat(&file)?;
+                    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+                        continue;
+                    }
+                    let size = st.st_size.max(0) as u64;
+                    let mut h = header(&st, tar::EntryType::Regular, size);
+                    let data = Exact {
+                        inner: std::fs::File::from(file),
+                        left: size,
+                        name: path.clone(),
+                    };
+                    builder.append_data(&mut h, &path, data)?;
+                }
+                FileType::Symlink => {
+                    let target = match rustix::fs::readlinkat(&fd, &name, Vec::new()) {
+                        Ok(t) => t,
+                        Err(rustix::io::Errno::NOENT | rustix::io::Errno::INVAL) => continue,
+                        Err(e) => return Err(e.into()),
+                    };
+                    let target = std::ffi::OsStr::from_bytes(target.as_bytes());
+                    let mut h = header(&st, tar::EntryType::Symlink, 0);
+                    builder.append_link(&mut h, &path, target)?;
+                }
+                // Fifos, sockets, devices: nothing to copy.
+                _ => {}
+            }
+        }
+    }
+    builder.into_inner()?.flush()
+}
+
+/// Unpacks a tar stream into host directory `dir`, dropping the first `strip` path
+/// components of each entry: only regular files and directories, and only inside `dir`
+/// (the archive comes from the sandbox and may hold links meant to write elsewhere on
+/// the host). An entry whose way passes a symbolic link on the host (one the host
+/// workspace had, pointing anywhere) is skipped, and permission bits are kept without
+/// setuid, setgid and sticky bits, owners and extended attributes: what comes back
+/// never gains privileges on the host. Streams: memory stays bounded whatever the size.
+///
+/// The host folder may be a live run's bind mount, whose code can swap any name in it for
+/// a link while this runs: every entry is reached from a held descriptor of `dir`, one
+/// `O_NOFOLLOW` component at a time, each file is written under a fresh `O_EXCL` name and
+/// renamed into place within its held directory, and modes are set through descriptors.
+/// Nothing is looked up by name twice.
+pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -> Result<()> {
+    let reader = tokio_util::io::SyncIoBridge::new(StreamReader::new(checked_tar_stream(tar)));
+    let dir = dir.to_path_buf();
+    let bad = |e: std::io::Error| {
+        Error::new(ErrorKind::Backend, "cannot unpack the workspace").with_source(e)
+    };
+    tokio::task::spawn_blocking(move || {
+        use rustix::fs::{CWD, Mode, OFlags};
+        std::fs::create_dir_all(&dir).map_err(bad)?;
+        let root = rustix::fs::openat(
+            CWD,
+            &dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| bad(e.into()))?;
+        let mut archive = tar::Archive::new(reader);
+        for entry in archive.entries().map_err(bad)? {
+            let mut entry = entry.map_err(bad)?;
+            let path = entry.path().map_err(bad)?.into_owned();
+            let rest: std::path::PathBuf = path
+                .components()
+                .filter(|c| !matches!(c, std::path::Component::CurDir))
+                .skip(strip)
+                .collect();
+            if rest.as_os_str().is_empty() {
+                continue;
+            }
+            // `..`, absolute paths: never.
+            if rest
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                continue;
+            }
+            let kind = entry.header().entry_type();
+            if !matches!(kind, tar::EntryType::Regular | tar::EntryType::Directory) {
+                tracing::debug!(?kind, "unpacking skips a non-regular entry");
+                continue;
+            }
+            let mode = entry.header().mode().map_err(bad)? & 0o777;
+            let mtime = entry.header().mtime().unwrap_or(0);
+            match unpack_entry(&root, &rest, kind == tar::EntryType::Directory, mode, mtime, &mut entry) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(path = %rest.display(), "unpacking skips an entry behind a host symlink")
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Backend,
+                        format!("cannot unpack the workspace: {}", rest.display()),
+                    )
+                    .with_source(e));
+                }
+            }
+        }
+        // The reader stops at the first zero block: the rest must end the archive well.
+        std::io::copy(&mut archive.into_inner(), &mut std::io::sink()).map_err(bad)?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::new(ErrorKind::Backend, "unpacking panicked").with_source(e))?
+}
+
+/// Writes one entry at `rest` below the held directory `root` (module docs of
+/// [`unpack_into`]): `Ok(false)` if its way passes a symbolic link (any parent, and the
+/// place itself for a directory; a file replaces a link at its own place).
+fn unpack_entry(
+    root: &std::os::fd::OwnedFd,
+    rest: &std::path::Path,
+    is_dir: bool,
+    mode: u32,
+    mtime: u64,
+    data: &mut impl std::io::Read,
+) -> std::io::Result<bool> {
+    use rustix::fs::{Mode, OFlags, openat};
+    use rustix::io::Errno;
+    let nofollow = OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let parts: Vec<&std::ffi::OsStr> = rest.iter().collect();
+    let Some((name, parents)) = parts.split_last() else {
+        return Ok(true);
+    };
+    let mut dir = root.try_clone()?;
+    for p in parents {
+        let open = || {
+            openat(
+                &dir,
+                *p,
+                OFlags::PATH | OFlags::DIRECTORY | nofollow,
+                Mode::empty(),
+            )
+        };
+        dir = match open() {
+            Ok(d) => d,
+            Err(Errno::NOENT) => {
+                match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                match open() {
+                    Ok(d) => d,
+                    Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, p, e),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, p, e),
+            Err(e) => return Err(e.into()),
+        };
+    }
+    let perm = Mode::from_raw_mode(mode);
+    if is_dir {
+        let open = || {
+            openat(
+                &dir,
+                *name,
+                OFlags::RDONLY | OFlags::DIRECTORY | nofollow,
+                Mode::empty(),
+            )
+        };
+        let d = match open() {
+            Err(Errno::NOENT) => {
+                rustix::fs::mkdirat(&dir, *name, Mode::from_raw_mode(0o700))?;
+                open()
+            }
+            other => other,
+        };
+        let d = match d {
+            Ok(d) => d,
+            Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, name, e),
+            Err(e) => return Err(e.into()),
+        };
+        rustix::fs::fchmod(&d, perm)?;
+        return Ok(true);
+    }
+    // A fresh name of our own, written, then renamed over the entry's name.
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | nofollow;
+    let (tmp, fd) = (0..16)
+        .find_map(|_| {
+            let tmp = format!(".runcell-tmp-{:016x}", rand::random::<u64>());
+            match openat(&dir, tmp.as_str(), flags, Mode::from_raw_mode(0o600)) {
+                Err(Errno::EXIST) => None,
+                r => Some(r.map(|fd| (tmp, fd))),
+            }
+        })
+        .unwrap_or(Err(Errno::EXIST))?;
+    let mut file = std::fs::File::from(fd);
+    let written = (|| {
+        std::io::copy(data, &mut file)?;
+        rustix::fs::fchmod(&file, perm)?;
+        if mtime > 0 {
+            let _ =
+                file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime));
+        }
+        rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name)?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+        return Err(e);
+    }
+    Ok(true)
+}
+
+/// `Ok(false)` (skip the entry) if `name` in `dir` is a symbolic link, else `e`: a
+/// non-directory that is not a link is in the way.
+fn link_or(
+    dir: &std::os::fd::OwnedFd,
+    name: &std::ffi::OsStr,
+    e: rustix::io::Errno,
+) -> std::io::Result<bool> {
+    use rustix::fs::{AtFlags, FileType};
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => Ok(false),
+        _ => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::tests::archive;
+
+    /// A host folder streams as an archive of its content: files with their modes,
+    /// directories, links as links; a link to a folder outside is never read through, also
+    /// while it keeps trading places with a directory.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_host_folder_streams_whole_and_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("runcell-tardir-{:x}", rand::random::<u64>()));
+        let (host, outside) = (base.join("host"), base.join("outside"));
+        std::fs::create_dir_all(host.join("sub/d")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "secret").unwrap();
+        std::fs::write(host.join("sub/f"), vec![7u8; 200_000]).unwrap();
+        std::fs::set_permissions(host.join("sub/f"), std::fs::Permissions::from_mode(0o751))
+            .unwrap();
+        std::os::unix::fs::symlink(&outside, host.join("sub/l")).unwrap();
+        let tar = collect_bytes(tar_dir_stream(&host), u64::MAX)
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        for entry in tar::Archive::new(&tar[..]).entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().display().to_string();
+            let kind = entry.header().entry_type();
+            let mode = entry.header().mode().unwrap();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+            seen.push((path, kind, mode, data.len()));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                ("sub".to_string(), tar::EntryType::Directory, 0o755, 0),
+                ("sub/d".to_string(), tar::EntryType::Directory, 0o755, 0),
+                ("sub/f".to_string(), tar::EntryType::Regular, 0o751, 200_000),
+                ("sub/l".to_string(), tar::EntryType::Symlink, 0o777, 0),
+            ]
+        );
+        // Now `sub/d` and `sub/l` trade places while the folder is read, many times.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, d, l) = (stop.clone(), host.join("sub/d"), host.join("sub/l"));
+            std::thread::spawn(move || {
+                let (cwd, flags) = (rustix::fs::CWD, rustix::fs::RenameFlags::EXCHANGE);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    rustix::fs::renameat_with(cwd, &d, cwd, &l, flags).unwrap();
+                }
+            })
+        };
+        for _ in 0..200 {
+            if let Ok(tar) = collect_bytes(tar_dir_stream(&host), u64::MAX).await {
+                assert!(
+                    !tar.windows(6).any(|w| w == b"secret"),
+                    "read through a link"
+                );
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// What the sandbox sends back never gains privileges on the host nor writes through
+    /// a host symlink.
+    #[tokio::test]
+    async fn unpacking_drops_privileged_bits_and_never_follows_host_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!(
+            "runcell-unpack-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let (host, outside) = (base.join("host"), base.join("outside"));
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(&outside, host.join("link")).unwrap();
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, kind: tar::EntryType, mode: u32, data: &[u8]| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(mode);
+            header.set_size(data.len() as u64);
+            builder.append_data(&mut header, path, data).unwrap();
+        };
+        add("suid", tar::EntryType::Regular, 0o4755, b"x");
+        add("sgid-dir/", tar::EntryType::Directory, 0o2777, b"");
+        add("link/", tar::EntryType::Directory, 0o777, b"");
+        add("link/planted", tar::EntryType::Regular, 0o644, b"x");
+        add("dev", tar::EntryType::Char, 0o666, b"");
+        let tar = builder.into_inner().unwrap();
+        unpack_into(byte_stream(tar), &host, 0).await.unwrap();
+        let mode = |p: &str| {
+            std::fs::symlink_metadata(host.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("suid"), 0o755);
+        assert_eq!(mode("sgid-dir"), 0o777);
+        assert!(!outside.join("planted").exists());
+        assert_eq!(
+            std::fs::metadata(&outside).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert!(!host.join("dev").exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// The host folder may be a live run's bind mount: a name in it that keeps trading
+    /// places with a link to a folder outside never gets anything written or changed
+    /// through it.
+    #[tokio::test]
+    async fn unpacking_while_a_link_is_swapped_in_never_writes_through_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("runcell-race-{:x}", rand::random::<u64>()));
+        let (host, outside) = (base.join("host"), base.join("outside"));
+        std::fs::create_dir_all(host.join("d")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&outside, host.join("l")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, d, l) = (stop.clone(), host.join("d"), host.join("l"));
+            std::thread::spawn(move || {
+                let cwd = rustix::fs::CWD;
+                let flags = rustix::fs::RenameFlags::EXCHANGE;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    rustix::fs::renameat_with(cwd, &d, cwd, &l, flags).unwrap();
+                }
+            })
+        };
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, kind, data) in [
+            ("d/", tar::EntryType::Directory, &b""[..]),
+            ("d/planted", tar::EntryType::Regular, &b"x"[..]),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(0o777);
+            header.set_size(data.len() as u64);
+            builder.append_data(&mut header, path, data).unwrap();
+        }
+        let tar = builder.into_inner().unwrap();
+        for _ in 0..300 {
+            let _ = unpack_into(byte_stream(tar.clone()), &host, 0).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[tokio::test]
+    async fn unpacking_a_cut_archive_fails() {
+        let whole = archive(&[("d/a", 10), ("d/b", 5000)]);
+        let dir = std::env::temp_dir().join(format!("runcell-unpack-{}", std::process::id()));
+        let e = unpack_into(byte_stream(whole[..512 * 3].to_vec()), &dir, 0)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("d/b"), "{e}");
+        unpack_into(byte_stream(whole), &dir, 0).await.unwrap();
+        assert_eq!(std::fs::read(dir.join("d/b")).unwrap().len(), 5000);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
