@@ -7,6 +7,7 @@ mod engine;
 mod images;
 mod k8s;
 mod podman;
+mod suites;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -198,56 +199,24 @@ fn run(task: Task) -> Result<()> {
                 &["test", "--workspace", "--quiet"],
                 &[("SANDBOX_TEST", "none"), (SESSION_ENV, session.as_str())],
             )?;
-            // The suite on Docker through the exec helper and on the plain exec path, and
-            // on the example third-party driver (default mode), side by side.
-            let ours = SuiteTarget::Package("runcell-conformance".into());
-            let audit = SuiteTarget::Package("sandbox-driver-audit".into());
-            let with = |extra: &[(&'static str, &str)]| {
-                let mut env = session_env.to_vec();
-                env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
-                env
+            // The suites of `suites.rs`: Docker's side by side, then Podman's beside the
+            // cluster's start-up and suites (its engine is idle then).
+            let targets = suite_targets();
+            let value = |v: suites::Value| match v {
+                suites::Value::Lit(s) => s.to_string(),
+                suites::Value::PodmanHost => podman_host.clone(),
+                suites::Value::RootlessHost => rootless_host.clone(),
+                suites::Value::Kubeconfig => {
+                    unreachable!("no kubeconfig outside the cluster's phases")
+                }
             };
-            let docker_sessions = suites_side_by_side(&[
-                Suite::new(
-                    "docker/helper",
-                    "docker",
-                    &ours,
-                    with(&[(HELPER_ENV, "required")]),
-                ),
-                Suite::new(
-                    "docker/plain",
-                    "docker",
-                    &ours,
-                    with(&[(HELPER_ENV, "off")]),
-                ),
-                Suite::new("audit", "audit", &audit, with(&[])),
-                // Every run of the suite from a warm pool's target (claimed, then set up).
-                Suite::new("docker/pooled", "docker", &ours, with(&[(POOLED_ENV, "1")])),
-            ])?;
-            // Podman beside the cluster's start-up and suites (its engine is idle then):
-            // rootful, and rootless with the suite run as the engine's user (as rootless
-            // setups run the library; a host workspace is then that user's).
-            let podman_suite = [
-                Suite::new(
-                    "podman",
-                    "docker",
-                    &ours,
-                    with(&[
-                        ("SANDBOX_DOCKER_HOST", podman_host.as_str()),
-                        (HELPER_ENV, "required"),
-                    ]),
-                ),
-                Suite::new(
-                    "podman-rootless",
-                    "docker",
-                    &ours,
-                    with(&[
-                        ("SANDBOX_DOCKER_HOST", rootless_host.as_str()),
-                        (HELPER_ENV, "auto"),
-                    ]),
-                )
-                .run_as(podman::ROOTLESS_USER),
-            ];
+            let docker_sessions = suites_side_by_side(&suites_of(
+                suites::Phase::Docker,
+                &targets,
+                &session_env,
+                &value,
+            ))?;
+            let podman_suite = suites_of(suites::Phase::Podman, &targets, &session_env, &value);
             // The cluster goes down again whatever happened, unless asked to stay.
             let (podman_result, k8s_result) = std::thread::scope(|scope| {
                 let podman = scope.spawn(|| suites_side_by_side(&podman_suite));
@@ -283,31 +252,25 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
     k8s::smoke(admin)?;
     let restricted = k8s::restricted_kubeconfig(admin)?;
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
-    let ours = SuiteTarget::Package("runcell-conformance".into());
-    let env = |helper: &str, v4: bool| {
-        let mut env = vec![
-            ("KUBECONFIG", restricted.to_string()),
-            (SESSION_ENV, session.to_string()),
-            (HELPER_ENV, helper.to_string()),
-        ];
-        if v4 {
-            // The exec path for API servers without v5.channel.k8s.io (before 1.30):
-            // stdin framed, never closed.
-            env.push(("SANDBOX_K8S_EXEC_V4_COMPATIBLE", "true".into()));
-        }
-        env
+    let targets = suite_targets();
+    let session_env = [(SESSION_ENV, session.to_string())];
+    let value = |v: suites::Value| match v {
+        suites::Value::Lit(s) => s.to_string(),
+        suites::Value::Kubeconfig => restricted.to_string(),
+        other => unreachable!("{other:?} in a cluster phase"),
     };
-    let mut sessions = suites_side_by_side(&[
-        Suite::new("k8s/helper", "k8s", &ours, env("required", false)),
-        Suite::new("k8s/plain", "k8s", &ours, env("off", false)),
-    ])?;
-    let mut pooled = env("auto", false);
-    pooled.push((POOLED_ENV, "1".into()));
-    sessions.extend(suites_side_by_side(&[
-        Suite::new("k8s-v4/helper", "k8s", &ours, env("required", true)),
-        Suite::new("k8s-v4/plain", "k8s", &ours, env("off", true)),
-        Suite::new("k8s/pooled", "k8s", &ours, pooled),
-    ])?);
+    let mut sessions = suites_side_by_side(&suites_of(
+        suites::Phase::K8s,
+        &targets,
+        &session_env,
+        &value,
+    ))?;
+    sessions.extend(suites_side_by_side(&suites_of(
+        suites::Phase::K8sLater,
+        &targets,
+        &session_env,
+        &value,
+    ))?);
     for sub in sessions {
         k8s::assert_no_leftovers(admin, &sub)?;
     }
@@ -349,6 +312,43 @@ const POOLED_ENV: &str = "SANDBOX_CONFORMANCE_POOLED";
 /// The exec path variable of core (`runcell_core::EXEC_HELPER_ENV`): `required` puts
 /// every run through the in-sandbox helper, `off` on one engine exec per command.
 const HELPER_ENV: &str = "RUNCELL_EXEC_HELPER";
+
+/// The test targets of the packages [`suites::SUITES`] names.
+fn suite_targets() -> Vec<(&'static str, SuiteTarget)> {
+    let mut targets: Vec<(&'static str, SuiteTarget)> = Vec::new();
+    for s in suites::SUITES {
+        if !targets.iter().any(|(p, _)| *p == s.package) {
+            targets.push((s.package, SuiteTarget::Package(s.package.into())));
+        }
+    }
+    targets
+}
+
+/// The suites of `phase`, each with `base` (the session label) and its own environment,
+/// whose values `value` resolves.
+fn suites_of<'a>(
+    phase: suites::Phase,
+    targets: &'a [(&'static str, SuiteTarget)],
+    base: &[(&'static str, String)],
+    value: &dyn Fn(suites::Value) -> String,
+) -> Vec<Suite<'a>> {
+    suites::of(phase)
+        .map(|def| {
+            let target = &targets
+                .iter()
+                .find(|(p, _)| *p == def.package)
+                .expect("suite_targets covers every package")
+                .1;
+            let mut env = base.to_vec();
+            env.extend(def.env.iter().map(|(k, v)| (*k, value(*v))));
+            let suite = Suite::new(def.label, def.driver, target, env);
+            match def.user {
+                Some(user) => suite.run_as(user),
+                None => suite,
+            }
+        })
+        .collect()
+}
 
 /// One suite invocation of a group run side by side.
 struct Suite<'a> {
