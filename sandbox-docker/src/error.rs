@@ -3,6 +3,8 @@
 use bollard::errors::Error as BollardError;
 use runcell_core::{Error, ErrorKind};
 
+use crate::DockerDriver;
+
 /// Maps a bollard error; `op` says what was attempted.
 pub fn map(op: &'static str, e: BollardError) -> Error {
     let kind = match &e {
@@ -34,5 +36,16 @@ pub fn message(e: &BollardError) -> &str {
     match e {
         BollardError::DockerResponseServerError { message, .. } => message,
         _ => "",
+    }
+}
+
+impl DockerDriver {
+    /// Names the daemon address in errors that say it could not be reached.
+    pub(crate) fn locate(&self, e: Error) -> Error {
+        if e.kind() == ErrorKind::Unavailable {
+            e.with("address", &self.address)
+        } else {
+            e
+        }
     }
 }
