@@ -134,7 +134,7 @@ pub fn build(
             (spec, Some(source))
         }
         (None, Some(path)) => (
-            runcell_core::devcontainer::load_with(path, |cx| {
+            runcell_devcontainer::load_with(path, |cx| {
                 cx.allow_mounts_outside_project(args.allow_mounts_outside_project)
             })?,
             None,

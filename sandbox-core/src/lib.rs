@@ -32,7 +32,6 @@
 
 pub mod ca;
 mod capabilities;
-pub mod devcontainer;
 mod error;
 mod exec;
 pub mod files;

@@ -265,7 +265,7 @@ impl DockerDriver {
         _: &str,
         _: &DockerConfig,
         _: Duration,
-    ) -> Result<(Docker, std::sync::Arc<std::sync::Mutex<String>>)> {
+    ) -> Result<(Docker, tokio::sync::watch::Sender<String>)> {
         Err(Error::unsupported(
             "host",
             "ssh://: runcell-docker was built without its `ssh` feature",

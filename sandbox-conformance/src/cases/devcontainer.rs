@@ -3,14 +3,16 @@
 
 use anyhow::{Context as _, ensure};
 use runcell_core::{DriverExt, RunSpec};
+use runcell_devcontainer::FromDevcontainer as _;
 
 use crate::{Context, sh_stdout};
 
 /// A project's `.devcontainer/devcontainer.json` (the suite's image, `containerEnv`,
 /// `remoteEnv`, lifecycle commands in their three forms, `workspaceFolder`), loaded with
-/// [`RunSpec::from_devcontainer`] and given the case's labels and network: the run has the
-/// env, the lifecycle commands ran in their order in the workspace, which holds the
-/// project's files, and execs start in the workspace folder.
+/// [`RunSpec::from_devcontainer`](runcell_devcontainer::FromDevcontainer::from_devcontainer)
+/// and given the case's labels and network: the run has the env, the lifecycle commands
+/// ran in their order in the workspace, which holds the project's files, and execs start
+/// in the workspace folder.
 pub async fn devcontainer_spec_starts_and_is_used(cx: &Context) -> anyhow::Result<()> {
     let project = tempfile::tempdir()?;
     std::fs::create_dir(project.path().join(".devcontainer"))?;

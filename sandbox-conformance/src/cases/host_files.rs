@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use runcell_core::{Capabilities, DriverExt, ErrorKind, Pool, PoolConfig, Run, RunSpec};
+use runcell_devcontainer::FromDevcontainer as _;
 
 use crate::{Context, sh_stdout};
 
@@ -242,16 +243,15 @@ pub async fn a_devcontainer_mount_outside_the_project_needs_an_opt_in(
         root_project.path().join(".devcontainer/devcontainer.json"),
         format!(r#"{{"image": "{image}", "workspaceMount": "type=bind,source=/,target=/w"}}"#),
     )?;
-    let e = runcell_core::devcontainer::load_with(root_project.path(), |c| {
+    let e = runcell_devcontainer::load_with(root_project.path(), |c| {
         c.allow_mounts_outside_project(true)
     })
     .err()
     .context("/ was accepted as a workspace")?;
     ensure!(e.field() == Some("devcontainer.workspaceMount"), "{e}");
 
-    let mut spec = runcell_core::devcontainer::load_with(project.path(), |c| {
-        c.allow_mounts_outside_project(true)
-    })?;
+    let mut spec =
+        runcell_devcontainer::load_with(project.path(), |c| c.allow_mounts_outside_project(true))?;
     let base = cx.spec();
     spec.labels.extend(base.labels);
     spec.network = base.network;
