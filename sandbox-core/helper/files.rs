@@ -37,9 +37,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::flow::Flow;
 use crate::proto::{CHUNK, DIRECTORY, Entry, FileError, HOLE_BLOCK, REGULAR, STDOUT, SYMLINK};
 use crate::sys::{self, O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_NOFOLLOW, O_PATH, O_WRONLY};
-use crate::{EINVAL, ELOOP, ENOENT, ENOTDIR, Flow, HEADER, Helper, data_frame, file_error_kind};
+use crate::sys::{EINVAL, ELOOP, ENOENT, ENOTDIR};
+use crate::{HEADER, Helper, data_frame, file_error_kind};
 
 /// Symbolic links followed in one path, at most (the kernel's own bound).
 const MAX_LINKS: usize = 40;
@@ -548,4 +550,287 @@ pub(crate) fn get_tree(h: &Helper, id: u32, path: &[u8], flow: &Flow) -> Result<
         // skipped, as a file removed before it was read.
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::io::Write;
+    use std::os::unix::fs::symlink;
+    use std::path::Path;
+
+    use super::*;
+    use crate::testing::TempDir;
+
+    fn parts(path: &str) -> Vec<&str> {
+        components(path.as_bytes())
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn components_skip_empty_and_dot_but_keep_dot_dot() {
+        assert_eq!(parts("/a/b/c"), ["a", "b", "c"]);
+        assert_eq!(parts("//a/./b//"), ["a", "b"]);
+        assert_eq!(parts("a/../b"), ["a", "..", "b"]);
+        assert_eq!(parts(".../.x/x."), ["...", ".x", "x."]);
+        assert!(parts("/").is_empty());
+        assert!(parts("").is_empty());
+        assert!(parts("./.").is_empty());
+        let rev: Vec<&[u8]> = components(b"/a/b").rev().collect();
+        assert_eq!(rev, [&b"b"[..], b"a"]);
+    }
+
+    #[test]
+    fn temp_names_are_unique_and_unpredictable_looking() {
+        const PREFIX: &str = ".runcell-tmp-";
+        let names: Vec<String> = (0..2000)
+            .map(|_| temp_name().into_string().unwrap())
+            .collect();
+        let unique: HashSet<&String> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
+        for n in &names {
+            let hex = n.strip_prefix(PREFIX).expect(n);
+            assert_eq!(hex.len(), 16, "{n}");
+            assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{n}");
+        }
+        // Not a counter: every hex digit varies, the first as much as the last, and
+        // consecutive names differ in most digits.
+        for pos in 0..16 {
+            let seen: HashSet<u8> = names
+                .iter()
+                .map(|n| n.as_bytes()[PREFIX.len() + pos])
+                .collect();
+            assert!(seen.len() >= 12, "digit {pos}: {} values", seen.len());
+        }
+        let same = names
+            .windows(2)
+            .map(|w| {
+                w[0].bytes()
+                    .zip(w[1].bytes())
+                    .filter(|(a, b)| a == b)
+                    .count()
+            })
+            .max()
+            .unwrap();
+        assert!(same < PREFIX.len() + 12, "{same} equal characters");
+    }
+
+    #[test]
+    fn create_temp_tries_a_fresh_name_while_one_is_taken() {
+        let mut taken = 0;
+        let (name, value) = create_temp(|n| {
+            if taken < 3 {
+                taken += 1;
+                Err(io::Error::from(ErrorKind::AlreadyExists))
+            } else {
+                Ok(n.to_owned())
+            }
+        })
+        .unwrap();
+        assert_eq!((taken, &name), (3, &value));
+        let e =
+            create_temp(|_| -> io::Result<()> { Err(io::Error::from(ErrorKind::AlreadyExists)) })
+                .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+        let mut calls = 0;
+        let e = create_temp(|_| -> io::Result<()> {
+            calls += 1;
+            Err(io::Error::from(ErrorKind::PermissionDenied))
+        })
+        .unwrap_err();
+        assert_eq!((e.kind(), calls), (ErrorKind::PermissionDenied, 1));
+    }
+
+    /// Writes `pieces` (offset, data) with `write_sparse` into a new file of `len` bytes:
+    /// the file's contents and its allocated bytes.
+    fn sparse(dir: &TempDir, name: &str, len: u64, pieces: &[&[u8]]) -> (Vec<u8>, u64) {
+        let path = dir.join(name);
+        let mut f = File::create(&path).unwrap();
+        let mut pos = 0;
+        for p in pieces {
+            write_sparse(&mut f, pos, p).unwrap();
+            pos += p.len() as u64;
+        }
+        f.set_len(len).unwrap();
+        f.flush().unwrap();
+        drop(f);
+        (
+            fs::read(&path).unwrap(),
+            fs::metadata(&path).unwrap().blocks() * 512,
+        )
+    }
+
+    #[test]
+    fn write_sparse_leaves_whole_blocks_of_zeros_as_holes() {
+        let dir = TempDir::new();
+        let b = HOLE_BLOCK as usize;
+        // Data, 64 blocks of zeros, data, 64 blocks of zeros at the end.
+        let mut data = vec![1u8; 100];
+        data.resize(100 + 64 * b, 0);
+        data.extend_from_slice(&[2u8; 10]);
+        data.resize(data.len() + 64 * b, 0);
+        let (got, allocated) = sparse(&dir, "holes", data.len() as u64, &[&data]);
+        assert!(got == data, "the contents changed");
+        assert!(
+            allocated < 16 * HOLE_BLOCK,
+            "{allocated} bytes allocated for {}",
+            data.len()
+        );
+
+        // The same data in unaligned pieces (as `STDIN` frames cut it): the same file,
+        // with a hole at each whole block inside a piece.
+        let pieces: Vec<&[u8]> = data.chunks(16 * b + 100).collect();
+        let (got, allocated) = sparse(&dir, "pieces", data.len() as u64, &pieces);
+        assert!(got == data, "the contents changed");
+        assert!(allocated < 32 * HOLE_BLOCK, "{allocated} bytes allocated");
+        // Pieces smaller than a block hold no whole block: all written, still the same.
+        let pieces: Vec<&[u8]> = data.chunks(b / 3 + 7).collect();
+        let (got, _) = sparse(&dir, "small", data.len() as u64, &pieces);
+        assert!(got == data, "the contents changed");
+
+        // Zeros that fill no whole aligned block are written.
+        let zeros = vec![0u8; b - 1];
+        let (got, _) = sparse(&dir, "short", zeros.len() as u64, &[&zeros]);
+        assert_eq!(got, zeros);
+        // Data everywhere: nothing skipped.
+        let full = vec![3u8; 8 * b + 5];
+        let (got, allocated) = sparse(&dir, "full", full.len() as u64, &[&full]);
+        assert_eq!(got, full);
+        assert!(allocated >= 8 * HOLE_BLOCK);
+    }
+
+    #[test]
+    fn write_sparse_seeks_only_over_aligned_blocks() {
+        let dir = TempDir::new();
+        let b = HOLE_BLOCK as usize;
+        // Starting mid-block: the zeros up to the next boundary are written, the whole
+        // block after them is skipped, the rest written again.
+        let mut data = vec![0u8; b - 10 + b];
+        data.extend_from_slice(b"tail");
+        let path = dir.join("mid");
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&[9u8; 10]).unwrap();
+        write_sparse(&mut f, 10, &data).unwrap();
+        drop(f);
+        let got = fs::read(&path).unwrap();
+        assert_eq!(got.len(), 10 + data.len());
+        assert_eq!(&got[..10], &[9u8; 10]);
+        assert!(got[10..] == data[..]);
+    }
+
+    fn resolved_ino(path: &Path) -> Result<u64, (FileError, String)> {
+        resolve(path.as_os_str().as_bytes()).map(|f| f.metadata().unwrap().ino())
+    }
+
+    #[test]
+    fn resolve_follows_links_only_in_directories_only_root_can_change() {
+        let dir = TempDir::new();
+        fs::create_dir(dir.join("target")).unwrap();
+        fs::create_dir(dir.join("trusted")).unwrap();
+        symlink("../target", dir.join("trusted/link")).unwrap();
+        symlink(dir.join("target"), dir.join("trusted/abs")).unwrap();
+        let target = fs::metadata(dir.join("target")).unwrap().ino();
+        fs::set_permissions(dir.join("trusted"), Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(resolved_ino(&dir.join("trusted/link")), Ok(target));
+        assert_eq!(resolved_ino(&dir.join("trusted/abs")), Ok(target));
+        assert_eq!(
+            resolved_ino(&dir.join("trusted/link/../target")),
+            Ok(target)
+        );
+        // Writable by others: a link there is refused, never followed.
+        fs::set_permissions(dir.join("trusted"), Permissions::from_mode(0o777)).unwrap();
+        let (kind, msg) = resolved_ino(&dir.join("trusted/link")).unwrap_err();
+        assert_eq!(kind, FileError::Untrusted);
+        assert!(msg.contains("/trusted/link is a symbolic link"), "{msg}");
+        // A directory itself is fine there.
+        assert_eq!(resolved_ino(&dir.join("trusted/..")).map(|_| ()), Ok(()));
+    }
+
+    #[test]
+    fn resolve_refuses_relative_paths_loops_and_missing_names() {
+        let dir = TempDir::new();
+        assert_eq!(resolve(b"relative").unwrap_err().0, FileError::Invalid);
+        assert_eq!(resolve(b"").unwrap_err().0, FileError::Invalid);
+        assert_eq!(resolved_ino(Path::new("/")).map(|_| ()), Ok(()));
+        fs::set_permissions(dir.path(), Permissions::from_mode(0o755)).unwrap();
+        symlink("loop", dir.join("loop")).unwrap();
+        let (kind, msg) = resolved_ino(&dir.join("loop")).unwrap_err();
+        assert_eq!(kind, FileError::Other);
+        assert!(msg.contains("symbolic links"), "{msg}");
+        assert_eq!(
+            resolved_ino(&dir.join("missing/x")).unwrap_err().0,
+            FileError::NotFound
+        );
+        fs::write(dir.join("file"), "").unwrap();
+        assert_eq!(
+            resolved_ino(&dir.join("file/x")).unwrap_err().0,
+            FileError::NotDir
+        );
+    }
+
+    fn entry(path: &str, kind: u8, mode: u32, link: &str) -> Entry {
+        let (uid, gid, _) = sys::ids();
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind,
+            mode,
+            uid,
+            gid,
+            mtime: 1_600_000_000,
+            size: 0,
+            link: link.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_put_creates_directories_links_and_empty_files_and_refuses_bad_paths() {
+        let dir = TempDir::new();
+        let mut put = Put::start(dir.path().as_os_str().as_bytes()).unwrap();
+        put.apply(false, entry("d", DIRECTORY, 0o750, "")).unwrap();
+        put.apply(false, entry("d/l", SYMLINK, 0o777, "../x"))
+            .unwrap();
+        put.apply(false, entry("d/empty", REGULAR, 0o604, ""))
+            .unwrap();
+        assert!(put.file.is_none());
+        let md = fs::metadata(dir.join("d")).unwrap();
+        assert!(md.is_dir());
+        assert_eq!(md.mode() & 0o7777, 0o750);
+        assert_eq!(fs::read_link(dir.join("d/l")).unwrap(), Path::new("../x"));
+        let md = fs::metadata(dir.join("d/empty")).unwrap();
+        assert_eq!(
+            (md.len(), md.mode() & 0o7777, md.mtime()),
+            (0, 0o604, 1_600_000_000)
+        );
+        // A link is replaced by a file; a directory is never replaced.
+        put.apply(false, entry("d/l", REGULAR, 0o600, "")).unwrap();
+        assert!(fs::symlink_metadata(dir.join("d/l")).unwrap().is_file());
+        let (kind, rel, _) = put
+            .apply(false, entry("d", REGULAR, 0o600, ""))
+            .unwrap_err();
+        assert_eq!((kind, rel), (FileError::IsDir, b"d".to_vec()));
+        // A link where a directory is expected is never followed.
+        symlink(dir.path(), dir.join("d/up")).unwrap();
+        let (kind, _, _) = put
+            .apply(false, entry("d/up/x", REGULAR, 0o600, ""))
+            .unwrap_err();
+        assert_eq!(kind, FileError::NotDir);
+        for bad in ["", "/abs", "a//b", "./a", "a/..", "a/."] {
+            let (kind, _, _) = put
+                .apply(false, entry(bad, REGULAR, 0o600, ""))
+                .unwrap_err();
+            assert_eq!(kind, FileError::Invalid, "{bad:?}");
+        }
+        let (kind, _, _) = put.apply(false, entry("t", 9, 0o600, "")).unwrap_err();
+        assert_eq!(kind, FileError::Invalid);
+        // Nothing temporary is left behind.
+        let names: Vec<_> = fs::read_dir(dir.join("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with(".runcell-tmp-")),
+            "{names:?}"
+        );
+    }
 }

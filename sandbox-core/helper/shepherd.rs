@@ -47,8 +47,11 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::procs::{Proc, read_stat, scan};
 use crate::proto::{Dec, Enc, KILL_GRACE_MS};
-use crate::{Creds, Proc, diag, read_stat, scan, spawn_error_kind, sys};
+use crate::sys::{ECHILD, ENOSYS};
+use crate::users::Creds;
+use crate::{diag, spawn_error_kind, sys};
 
 /// `argv[1]` that starts the helper's executable as a shepherd (`argv[2]`: the fd).
 pub const MODE_ARG: &str = "--runcell-shepherd";
@@ -159,9 +162,7 @@ pub fn signal_checked(pid: i32, start: u64, sig: i32) -> bool {
     let same = |buf: &mut Vec<u8>| read_stat(pid, buf).is_some_and(|p| p.start == start);
     match sys::pidfd_open(pid) {
         Ok(fd) => same(&mut buf) && sys::pidfd_signal(&fd, sig),
-        Err(e) if e.raw_os_error() == Some(crate::ENOSYS) => {
-            same(&mut buf) && sys::signal(pid, sig)
-        }
+        Err(e) if e.raw_os_error() == Some(ENOSYS) => same(&mut buf) && sys::signal(pid, sig),
         Err(_) => false,
     }
 }
@@ -394,7 +395,7 @@ impl Shepherd {
                 }
                 Ok(None) => return true,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(crate::ECHILD) => return !self.reported,
+                Err(e) if e.raw_os_error() == Some(ECHILD) => return !self.reported,
                 Err(_) => return true,
             }
         }
@@ -505,5 +506,163 @@ impl Shepherd {
             }
             thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    fn proc(pid: i32, ppid: i32, zombie: bool) -> Proc {
+        Proc {
+            pid,
+            ppid,
+            sid: 1,
+            start: pid as u64 * 10,
+            zombie,
+        }
+    }
+
+    #[test]
+    fn a_plan_decodes_to_what_was_encoded() {
+        let argv = vec![
+            b"prog".to_vec(),
+            b"-x".to_vec(),
+            Vec::new(),
+            b"a b".to_vec(),
+        ];
+        let env: Vec<(OsString, OsString)> =
+            vec![("A".into(), "1".into()), ("EMPTY".into(), "".into())];
+        let user = Creds {
+            uid: 1000,
+            gid: 100,
+            groups: vec![100, 27, 4],
+            home: b"/home/u".to_vec(),
+        };
+        let frame = plan_frame(
+            Path::new("/usr/bin/prog"),
+            &argv,
+            &env,
+            Some(Path::new("/work dir")),
+            Some(&user),
+        );
+        let mut buf = frame.clone();
+        let frames = split_frames(&mut buf);
+        assert!(buf.is_empty());
+        let [(kind, payload)] = &frames[..] else {
+            panic!("{frames:?}");
+        };
+        assert_eq!(*kind, PLAN);
+        let o = Order::decode(payload).unwrap();
+        assert_eq!(o.program, Path::new("/usr/bin/prog"));
+        assert_eq!(o.argv, argv);
+        assert_eq!(o.env, env);
+        assert_eq!(o.cwd.as_deref(), Some(Path::new("/work dir")));
+        assert_eq!(o.user, Some((1000, 100, vec![100, 27, 4])));
+
+        // No directory, no user.
+        let frame = plan_frame(Path::new("/bin/true"), &argv[..1], &[], None, None);
+        let o = Order::decode(&frame[9..]).unwrap();
+        assert_eq!((o.cwd, o.user, o.env.len()), (None, None, 0));
+    }
+
+    #[test]
+    fn a_plan_without_argv_or_cut_short_is_refused() {
+        let frame = plan_frame(Path::new("/bin/true"), &[], &[], None, None);
+        assert!(Order::decode(&frame[9..]).is_none());
+        let frame = plan_frame(Path::new("/bin/true"), &[b"true".to_vec()], &[], None, None);
+        for cut in 0..frame.len() - 9 {
+            assert!(Order::decode(&frame[9..9 + cut]).is_none(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn split_frames_keeps_a_partial_frame_for_later() {
+        let mut buf = kill_frame(true);
+        buf.extend_from_slice(&kill_frame(false));
+        let mut status = Enc::frame(STATUS, 0);
+        status.u32(0x0100);
+        let status = status.finish();
+        buf.extend_from_slice(&status[..6]);
+        let got = split_frames(&mut buf);
+        assert_eq!(got, [(KILL_TREE, vec![1]), (KILL_TREE, vec![0])]);
+        assert_eq!(buf, &status[..6]);
+        buf.extend_from_slice(&status[6..]);
+        assert_eq!(split_frames(&mut buf), [(STATUS, vec![0, 1, 0, 0])]);
+        assert!(buf.is_empty());
+        // A length under the header stops the split (never a panic or a loop).
+        let mut bad = vec![1, 0, 0, 0, 9];
+        assert!(split_frames(&mut bad).is_empty());
+        assert_eq!(bad.len(), 5);
+    }
+
+    #[test]
+    fn read_frame_reads_whole_frames_and_refuses_bad_lengths() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let mut started = Enc::frame(STARTED, 0);
+        started.u32(4242);
+        b.write_all(&started.finish()).unwrap();
+        b.write_all(&kill_frame(false)).unwrap();
+        assert_eq!(
+            read_frame(&mut a).unwrap(),
+            Some((STARTED, 4242u32.to_le_bytes().to_vec()))
+        );
+        assert_eq!(read_frame(&mut a).unwrap(), Some((KILL_TREE, vec![0])));
+        b.write_all(&[4, 0, 0, 0, 1, 0, 0, 0]).unwrap();
+        let e = read_frame(&mut a).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+        let (mut a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        assert_eq!(read_frame(&mut a).unwrap(), None);
+        // Cut inside a frame: an error, not a clean end.
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        b.write_all(&kill_frame(true)[..7]).unwrap();
+        drop(b);
+        assert!(read_frame(&mut a).is_err());
+    }
+
+    #[test]
+    fn descendants_are_found_through_parent_links() {
+        // 10 ─┬─ 11 ─── 12 ─── 13
+        //     └─ 14 (zombie) ─── 15
+        // 20 ─── 21 (another tree); 1 ─── 10 (init above the root)
+        let procs = [
+            proc(1, 0, false),
+            proc(10, 1, false),
+            proc(11, 10, false),
+            proc(12, 11, false),
+            proc(13, 12, false),
+            proc(14, 10, true),
+            proc(15, 14, false),
+            proc(20, 1, false),
+            proc(21, 20, false),
+        ];
+        let found = descendants(&procs, 10);
+        let mut pids: Vec<i32> = found.keys().copied().collect();
+        pids.sort_unstable();
+        assert_eq!(pids, [11, 12, 13, 15]);
+        assert_eq!(found[&13], 130);
+        assert!(descendants(&procs, 13).is_empty());
+        assert!(descendants(&procs, 99).is_empty());
+        let mut all: Vec<i32> = descendants(&procs, 0).into_keys().collect();
+        all.sort_unstable();
+        // pid 1 is never a target, nor is anything reached only through it.
+        assert!(all.is_empty(), "{all:?}");
+    }
+
+    #[test]
+    fn a_signal_is_checked_against_the_start_time() {
+        let mut child = Command::new("sleep").arg("1000").spawn().unwrap();
+        let pid = child.id() as i32;
+        let mut buf = Vec::new();
+        let start = read_stat(pid, &mut buf).unwrap().start;
+        // Another start time: another process, never signalled.
+        assert!(!signal_checked(pid, start + 1, 0));
+        assert!(!signal_checked(1, 0, 0));
+        assert!(!signal_checked(0, 0, 0));
+        assert!(signal_checked(pid, start, sys::SIGKILL));
+        assert_eq!(child.wait().unwrap().signal(), Some(sys::SIGKILL));
     }
 }

@@ -1,0 +1,600 @@
+//! The connection: the main thread reads frames from stdin and dispatches them, never
+//! blocking on one exec nor on stdout.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, ErrorKind, Read};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::files::{self, GetEnd, Put};
+use crate::flow::Flow;
+use crate::proto::{
+    self, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET, KILL, KILLED,
+    PING, PONG, PUT, SPAWN, STDIN, STDIN_ACK, STDIN_EOF, STDIN_WINDOW, Spawn, SpawnError,
+};
+use crate::{Helper, diag, file_error_frame, lock, start_thread};
+
+/// Bytes read from stdin at a time.
+const READ_CHUNK: usize = 64 * 1024;
+/// Queued stdin bytes of one exec beyond which the host broke the window rule.
+const STDIN_QUEUE_LIMIT: usize = 4 * STDIN_WINDOW as usize;
+
+/// A `PUT` or `GET` in progress.
+enum FileOp {
+    Put(Put),
+    Get(Arc<Flow>),
+}
+
+/// The main thread's state: reads frames and dispatches them.
+pub(crate) struct Conn {
+    h: &'static Helper,
+    files: HashMap<u32, FileOp>,
+}
+
+impl Conn {
+    /// The connection of `h`, with no file operation in progress.
+    pub(crate) fn new(h: &'static Helper) -> Conn {
+        Conn {
+            h,
+            files: HashMap::new(),
+        }
+    }
+
+    /// Reads frames until stdin ends or breaks (then the trees of the execs still running
+    /// are killed and the helper exits).
+    pub(crate) fn run(mut self) -> ! {
+        let h = self.h;
+        let mut input = match io::stdin().as_fd().try_clone_to_owned() {
+            Ok(fd) => File::from(fd),
+            Err(_) => h.shutdown(1),
+        };
+        let mut buf: Vec<u8> = Vec::with_capacity(2 * READ_CHUNK);
+        loop {
+            let mut start = 0;
+            loop {
+                match proto::split_frame(&buf[start..]) {
+                    Ok(Some((kind, id, payload, len))) => {
+                        if let Err(msg) = self.handle(kind, id, payload) {
+                            self.protocol_error(&msg);
+                        }
+                        start += len;
+                    }
+                    Ok(None) => break,
+                    Err(_) => self.protocol_error("frame length out of range"),
+                }
+            }
+            buf.drain(..start);
+            if buf.capacity() > 4 * READ_CHUNK && buf.len() < READ_CHUNK {
+                buf.shrink_to(2 * READ_CHUNK);
+            }
+            let old = buf.len();
+            buf.resize(old + READ_CHUNK, 0);
+            match input.read(&mut buf[old..]) {
+                Ok(0) => self.end(0),
+                Ok(n) => buf.truncate(old + n),
+                Err(e) if e.kind() == ErrorKind::Interrupted => buf.truncate(old),
+                Err(_) => self.end(0),
+            }
+        }
+    }
+
+    /// The connection is over: a `PUT` cut short leaves no temporary file, then
+    /// [`Helper::shutdown`].
+    fn end(&mut self, code: i32) -> ! {
+        for (_, op) in self.files.drain() {
+            if let FileOp::Put(mut p) = op
+                && let Some(pf) = p.file.take()
+            {
+                pf.abandon();
+            }
+        }
+        self.h.shutdown(code)
+    }
+
+    /// `PROTOCOL_ERROR`, kill the trees of the execs still running, exit 2.
+    fn protocol_error(&mut self, msg: &str) -> ! {
+        diag(format_args!("protocol error: {msg}"));
+        self.h.send_protocol_error(msg);
+        self.end(2)
+    }
+
+    /// Dispatches one frame; `Err` is a protocol error.
+    fn handle(&mut self, kind: u8, id: u32, payload: &[u8]) -> Result<(), String> {
+        let bad = |e: DecodeError| format!("frame kind {kind}: {e}");
+        let mut d = Dec::new(payload);
+        match kind {
+            SPAWN => {
+                let sp = Spawn::decode(&mut d).map_err(bad)?;
+                self.spawn(id, &sp);
+            }
+            STDIN => self.stdin(id, payload)?,
+            STDIN_EOF => self.stdin_eof(id),
+            CREDIT => {
+                let n = d.u32().map_err(bad)?;
+                match self.files.get(&id) {
+                    Some(FileOp::Get(flow)) => flow.grant(n),
+                    _ => {
+                        if let Some(ex) = self.h.exec(id) {
+                            ex.flow.grant(n);
+                        }
+                    }
+                }
+            }
+            DISCARD => self.discard(id),
+            KILL => self.kill(id),
+            PING => self.h.send_empty(PONG, id),
+            PUT => {
+                let path = d.bytes().map_err(bad)?.to_vec();
+                self.put(id, path);
+            }
+            GET => {
+                let path = d.bytes().map_err(bad)?.to_vec();
+                self.get(id, path);
+            }
+            ENTRY => {
+                let e = Entry::decode(&mut d).map_err(bad)?;
+                self.entry(id, e);
+            }
+            _ => return Err(format!("unknown frame kind {kind}")),
+        }
+        Ok(())
+    }
+
+    /// Drops finished `GET`s.
+    fn sweep(&mut self) {
+        self.files
+            .retain(|_, op| !matches!(op, FileOp::Get(f) if f.finished.load(Ordering::Acquire)));
+    }
+
+    /// Whether an id names a live exec or file operation.
+    fn in_use(&self, id: u32) -> bool {
+        self.files.contains_key(&id) || self.h.exec(id).is_some()
+    }
+
+    /// `SPAWN`.
+    fn spawn(&mut self, id: u32, sp: &Spawn) {
+        self.sweep();
+        if self.in_use(id) {
+            self.h
+                .send_spawn_error(id, SpawnError::Other, "id already in use");
+            return;
+        }
+        if let Err((kind, msg)) = self.h.start_exec(id, sp) {
+            self.h.send_spawn_error(id, kind, &msg);
+        }
+    }
+
+    /// `STDIN` for a `PUT` or an exec (queued for its stdin thread, never blocking here).
+    fn stdin(&mut self, id: u32, data: &[u8]) -> Result<(), String> {
+        let h = self.h;
+        if let Some(FileOp::Put(p)) = self.files.get_mut(&id) {
+            if !p.failed
+                && let Err(e) = p.data(h.root, data)
+            {
+                p.fail(h, id, e);
+            }
+            h.send_u32(STDIN_ACK, id, data.len() as u32);
+            return Ok(());
+        }
+        let Some(ex) = h.exec(id) else {
+            return Ok(()); // Over (after EXIT nothing is sent): dropped.
+        };
+        let mut st = lock(&ex.st);
+        if st.done {
+            return Ok(());
+        }
+        if !st.piped || st.eof {
+            h.send_u32(STDIN_ACK, id, data.len() as u32);
+            return Ok(());
+        }
+        st.queued += data.len();
+        if st.queued > STDIN_QUEUE_LIMIT {
+            return Err(format!("exec {id}: stdin window exceeded"));
+        }
+        st.queue.push_back(data.to_vec());
+        drop(st);
+        ex.cv.notify_all();
+        Ok(())
+    }
+
+    /// `STDIN_EOF`: the end of a `PUT` (`DONE`) or of an exec's stdin.
+    fn stdin_eof(&mut self, id: u32) {
+        let h = self.h;
+        if matches!(self.files.get(&id), Some(FileOp::Put(_)))
+            && let Some(FileOp::Put(mut p)) = self.files.remove(&id)
+        {
+            if p.failed {
+                return;
+            }
+            match p.file.take() {
+                Some(pf) => {
+                    let rel = pf.rel.clone();
+                    pf.abandon();
+                    h.send_file_error(id, FileError::Invalid, &rel, "short data");
+                }
+                None => h.send_empty(DONE, id),
+            }
+            return;
+        }
+        if let Some(ex) = h.exec(id) {
+            lock(&ex.st).eof = true;
+            ex.cv.notify_all();
+        }
+    }
+
+    /// `DISCARD`: an exec stops sending output (its pipes are drained, its `EXIT` still
+    /// follows); a `GET` is abandoned without another frame. Unknown ids are ignored.
+    fn discard(&mut self, id: u32) {
+        if let Some(FileOp::Get(flow)) = self.files.get(&id) {
+            flow.discard();
+            self.files.remove(&id);
+            return;
+        }
+        if let Some(ex) = self.h.exec(id) {
+            ex.flow.discard();
+        }
+    }
+
+    /// `KILL` (which implies `DISCARD`), on a thread of its own.
+    fn kill(&mut self, id: u32) {
+        let h = self.h;
+        self.discard(id);
+        if h.exec(id).is_none() {
+            h.send_empty(KILLED, id);
+            return;
+        }
+        if !start_thread("kill", move || h.kill_exec(id)) {
+            h.kill_exec(id);
+        }
+    }
+
+    /// `PUT`: the base directory must exist.
+    fn put(&mut self, id: u32, path: Vec<u8>) {
+        self.sweep();
+        let h = self.h;
+        if self.in_use(id) {
+            h.send_file_error(id, FileError::Other, b"", "id already in use");
+            return;
+        }
+        let put = match Put::start(&path) {
+            Ok(put) => put,
+            Err(failure) => {
+                let mut put = Put::failed_with(None);
+                put.fail(h, id, failure);
+                put
+            }
+        };
+        self.files.insert(id, FileOp::Put(put));
+    }
+
+    /// `ENTRY` of a `PUT`.
+    fn entry(&mut self, id: u32, e: Entry) {
+        let h = self.h;
+        let Some(FileOp::Put(p)) = self.files.get_mut(&id) else {
+            return;
+        };
+        if p.failed {
+            return;
+        }
+        let r = match &p.file {
+            Some(prev) => Err((FileError::Invalid, prev.rel.clone(), "short data".into())),
+            None => p.apply(h.root, e),
+        };
+        if let Err(err) = r {
+            p.fail(h, id, err);
+        }
+    }
+
+    /// `GET`, on a thread of its own.
+    fn get(&mut self, id: u32, path: Vec<u8>) {
+        self.sweep();
+        let h = self.h;
+        if self.in_use(id) {
+            h.send_file_error(id, FileError::Other, b"", "id already in use");
+            return;
+        }
+        let flow = Arc::new(Flow::new());
+        self.files.insert(id, FileOp::Get(flow.clone()));
+        let f = flow.clone();
+        let started = start_thread("get", move || {
+            // The last frame, unless discarded meanwhile (it costs no credit).
+            match files::get_tree(h, id, &path, &f) {
+                Ok(()) => {
+                    f.send(h, Enc::frame(DONE, id).finish(), 0);
+                }
+                Err(GetEnd::Failed(kind, rel, msg)) => {
+                    f.send(h, file_error_frame(id, kind, &rel, &msg), 0);
+                }
+                Err(GetEnd::Discarded) => {}
+            }
+            f.finished.store(true, Ordering::Release);
+        });
+        if !started {
+            self.files.remove(&id);
+            h.send_file_error(id, FileError::Other, b"", "cannot start a thread");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::proto::{FILE_ERROR, REGULAR, SPAWN_ERROR};
+    use crate::testing::{Frame, TempDir};
+
+    fn conn(dir: &TempDir) -> (Conn, &'static Helper) {
+        let h = Helper::leaked(false, dir.path());
+        (Conn::new(h), h)
+    }
+
+    fn path_payload(p: &Path) -> Vec<u8> {
+        let mut e = Enc::frame(0, 0);
+        e.bytes(p.as_os_str().as_encoded_bytes());
+        e.finish()[9..].to_vec()
+    }
+
+    fn entry_payload(path: &str, size: u64, mode: u32) -> Vec<u8> {
+        let (uid, gid, _) = crate::sys::ids();
+        let mut e = Enc::frame(0, 0);
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind: REGULAR,
+            mode,
+            uid,
+            gid,
+            mtime: 1_700_000_000,
+            size,
+            link: Vec::new(),
+        }
+        .encode(&mut e);
+        e.finish()[9..].to_vec()
+    }
+
+    /// A `FILE_ERROR`'s kind and path.
+    fn file_error(f: &Frame) -> (FileError, Vec<u8>) {
+        assert_eq!(f.kind, FILE_ERROR, "{f:?}");
+        let mut d = f.dec();
+        let kind = FileError::from_u8(d.u8().unwrap());
+        (kind, d.bytes().unwrap().to_vec())
+    }
+
+    #[test]
+    fn ping_is_answered_and_unknown_or_malformed_frames_are_protocol_errors() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        c.handle(PING, 77, b"").unwrap();
+        let f = h.take_frames();
+        assert_eq!((f[0].kind, f[0].id), (PONG, 77));
+        assert_eq!(c.handle(200, 1, b"").unwrap_err(), "unknown frame kind 200");
+        // A CREDIT needs its u32; a SPAWN, a PUT, a GET and an ENTRY their fields.
+        for kind in [CREDIT, SPAWN, PUT, GET, ENTRY] {
+            let err = c.handle(kind, 1, &[1, 2]).unwrap_err();
+            assert!(err.starts_with(&format!("frame kind {kind}: ")), "{err}");
+        }
+        assert!(h.take_frames().is_empty());
+    }
+
+    #[test]
+    fn frames_for_unknown_ids_are_ignored_and_a_kill_of_one_is_done_at_once() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        c.handle(STDIN, 5, b"data").unwrap();
+        c.handle(STDIN_EOF, 5, b"").unwrap();
+        c.handle(CREDIT, 5, &10u32.to_le_bytes()).unwrap();
+        c.handle(DISCARD, 5, b"").unwrap();
+        assert!(h.take_frames().is_empty());
+        c.handle(KILL, 5, b"").unwrap();
+        let f = h.take_frames();
+        assert_eq!((f.len(), f[0].kind, f[0].id), (1, KILLED, 5));
+    }
+
+    #[test]
+    fn a_spawn_that_cannot_be_planned_is_a_spawn_error() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        let mut e = Enc::frame(SPAWN, 1);
+        Spawn::default().encode(&mut e);
+        c.handle(SPAWN, 1, &e.finish()[9..]).unwrap();
+        let f = h.take_frames();
+        assert_eq!((f[0].kind, f[0].id), (SPAWN_ERROR, 1));
+        let mut d = f[0].dec();
+        assert_eq!(SpawnError::from_u8(d.u8().unwrap()), SpawnError::Other);
+        assert_eq!(d.bytes().unwrap(), b"empty argv");
+        // Nothing of it is left.
+        assert!(h.exec(1).is_none());
+        assert!(!c.in_use(1));
+    }
+
+    #[test]
+    fn a_put_writes_its_file_and_acknowledges_its_data() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        c.handle(PUT, 3, &path_payload(dir.path())).unwrap();
+        c.handle(ENTRY, 3, &entry_payload("f.txt", 11, 0o640))
+            .unwrap();
+        c.handle(STDIN, 3, b"hello ").unwrap();
+        c.handle(STDIN, 3, b"world").unwrap();
+        c.handle(STDIN_EOF, 3, b"").unwrap();
+        let f: Vec<(u8, u32)> = h.take_frames().iter().map(|f| (f.kind, f.id)).collect();
+        assert_eq!(f, [(STDIN_ACK, 3), (STDIN_ACK, 3), (DONE, 3)]);
+        assert_eq!(fs::read(dir.join("f.txt")).unwrap(), b"hello world");
+        let mode = fs::metadata(dir.join("f.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o640);
+        // The id is free again.
+        assert!(!c.in_use(3));
+    }
+
+    #[test]
+    fn a_put_cut_short_fails_and_leaves_no_temporary_file() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        c.handle(PUT, 4, &path_payload(dir.path())).unwrap();
+        c.handle(ENTRY, 4, &entry_payload("part", 10, 0o644))
+            .unwrap();
+        c.handle(STDIN, 4, b"12345").unwrap();
+        // Another entry before the file is whole, then the end.
+        c.handle(ENTRY, 4, &entry_payload("next", 0, 0o644))
+            .unwrap();
+        c.handle(STDIN_EOF, 4, b"").unwrap();
+        let f = h.take_frames();
+        assert_eq!(f[0].kind, STDIN_ACK);
+        assert_eq!(file_error(&f[1]), (FileError::Invalid, b"part".to_vec()));
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+
+        // The same, ended by STDIN_EOF inside the file.
+        c.handle(PUT, 5, &path_payload(dir.path())).unwrap();
+        c.handle(ENTRY, 5, &entry_payload("part", 10, 0o644))
+            .unwrap();
+        c.handle(STDIN_EOF, 5, b"").unwrap();
+        let f = h.take_frames();
+        assert_eq!(file_error(&f[0]), (FileError::Invalid, b"part".to_vec()));
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_failed_put_still_acknowledges_its_data_and_sends_one_error() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        c.handle(PUT, 6, &path_payload(Path::new("relative")))
+            .unwrap();
+        c.handle(ENTRY, 6, &entry_payload("f", 3, 0o644)).unwrap();
+        c.handle(STDIN, 6, b"abc").unwrap();
+        c.handle(STDIN_EOF, 6, b"").unwrap();
+        let f = h.take_frames();
+        assert_eq!(file_error(&f[0]).0, FileError::Invalid);
+        assert_eq!((f[1].kind, f[1].u32()), (STDIN_ACK, 3));
+        assert_eq!(f.len(), 2, "{f:?}");
+        // A PUT into a file, not a directory.
+        fs::write(dir.join("file"), "").unwrap();
+        c.handle(PUT, 7, &path_payload(&dir.join("file"))).unwrap();
+        assert_eq!(file_error(&h.take_frames()[0]).0, FileError::NotDir);
+    }
+
+    #[test]
+    fn an_id_in_use_is_refused() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        c.handle(PUT, 8, &path_payload(dir.path())).unwrap();
+        let mut e = Enc::frame(SPAWN, 8);
+        Spawn {
+            argv: vec![b"true".to_vec()],
+            ..Spawn::default()
+        }
+        .encode(&mut e);
+        c.handle(SPAWN, 8, &e.finish()[9..]).unwrap();
+        c.handle(GET, 8, &path_payload(dir.path())).unwrap();
+        c.handle(PUT, 8, &path_payload(dir.path())).unwrap();
+        let f = h.take_frames();
+        assert_eq!(f.len(), 3, "{f:?}");
+        assert_eq!(f[0].kind, SPAWN_ERROR);
+        for f in &f {
+            let mut d = f.dec();
+            d.u8().unwrap();
+            if f.kind == FILE_ERROR {
+                d.bytes().unwrap();
+            }
+            assert_eq!(d.bytes().unwrap(), b"id already in use");
+        }
+    }
+
+    #[test]
+    fn a_get_streams_its_file_on_a_thread_and_is_forgotten_when_done() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        fs::write(dir.join("data"), b"contents").unwrap();
+        c.handle(GET, 9, &path_payload(&dir.join("data"))).unwrap();
+        let mut frames = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !frames.iter().any(|f: &Frame| f.kind == DONE) {
+            assert!(Instant::now() < deadline, "no DONE: {frames:?}");
+            frames.extend(h.take_frames());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let kinds: Vec<u8> = frames.iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, [ENTRY, crate::proto::STDOUT, DONE]);
+        assert_eq!(frames[1].payload, b"contents");
+        let e = Entry::decode(&mut frames[0].dec()).unwrap();
+        assert_eq!((e.path, e.size), (b"data".to_vec(), 8));
+        // Finished: swept by the next operation, so the id is free again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            c.sweep();
+            if !c.in_use(9) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the GET was never finished");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_discarded_get_sends_nothing_more() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        // Larger than the initial credit: the GET waits for credit that never comes.
+        let size = crate::proto::INITIAL_CREDIT as usize + 1000;
+        fs::write(dir.join("big"), vec![7u8; size]).unwrap();
+        c.handle(GET, 10, &path_payload(&dir.join("big"))).unwrap();
+        // ENTRY and STDOUT payloads both count against the credit.
+        let mut sent = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sent < crate::proto::INITIAL_CREDIT as usize {
+            assert!(Instant::now() < deadline, "{sent} bytes sent");
+            for f in h.take_frames() {
+                assert!(f.kind == ENTRY || f.kind == crate::proto::STDOUT, "{f:?}");
+                sent += f.payload.len();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(sent, crate::proto::INITIAL_CREDIT as usize);
+        c.handle(DISCARD, 10, b"").unwrap();
+        assert!(!c.in_use(10));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(h.take_frames().is_empty());
+    }
+
+    #[test]
+    fn stdin_beyond_the_window_is_a_protocol_error() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        let (ex, _theirs, _reader, _wake) = crate::exec::Exec::for_tests(11, true);
+        let ex = Arc::new(ex);
+        h.register_for_tests(&ex, i32::MAX);
+        let chunk = vec![0u8; STDIN_WINDOW as usize];
+        for _ in 0..4 {
+            c.handle(STDIN, 11, &chunk).unwrap();
+        }
+        assert_eq!(lock(&ex.st).queued, STDIN_QUEUE_LIMIT);
+        assert_eq!(
+            c.handle(STDIN, 11, b"x").unwrap_err(),
+            "exec 11: stdin window exceeded"
+        );
+        // A STDIN_EOF is recorded for the stdin thread; later data is acknowledged and
+        // dropped.
+        c.handle(STDIN_EOF, 11, b"").unwrap();
+        assert!(lock(&ex.st).eof);
+        let _ = h.take_frames();
+        c.handle(STDIN, 11, b"late").unwrap();
+        let f = h.take_frames();
+        assert_eq!((f[0].kind, f[0].u32()), (STDIN_ACK, 4));
+        // A credit and a discard reach the exec's flow.
+        c.handle(CREDIT, 11, &5u32.to_le_bytes()).unwrap();
+        assert_eq!(
+            ex.flow.wait_credit(0),
+            Some(u64::from(crate::proto::INITIAL_CREDIT) + 5)
+        );
+        c.handle(DISCARD, 11, b"").unwrap();
+        assert_eq!(ex.flow.wait_credit(0), None);
+    }
+}

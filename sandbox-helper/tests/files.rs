@@ -1,0 +1,544 @@
+//! Integration tests of `PUT` and `GET`: trees, refusals, credit, holes, and links that
+//! another user swaps in.
+//!
+//! They start the built helper on this host (as a child with piped stdin/stdout, no
+//! container) and speak the protocol to it; the harness is `common/mod.rs`. Several tests
+//! need root (per-exec users, owners); the crate's tests run as root here.
+
+mod common;
+
+use std::collections::HashSet;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+
+fn entry(path: &str, kind: u8, mode: u32, size: u64, link: &str) -> Entry {
+    Entry {
+        path: path.as_bytes().to_vec(),
+        kind,
+        mode,
+        uid: 0,
+        gid: 0,
+        mtime: 1_700_000_000,
+        size,
+        link: link.as_bytes().to_vec(),
+    }
+}
+
+/// Reads frames of a PUT until DONE or FILE_ERROR; returns the last frame and acked bytes.
+fn put_result(h: &mut Helper, id: u32) -> (Frame, usize) {
+    let mut acked = 0;
+    loop {
+        let f = h.recv();
+        assert_eq!(f.id, id);
+        match f.kind {
+            STDIN_ACK => acked += Dec::new(&f.payload).u32().unwrap() as usize,
+            DONE | FILE_ERROR => return (f, acked),
+            k => panic!("unexpected frame kind {k}"),
+        }
+    }
+}
+
+#[test]
+fn put_then_get_a_tree() {
+    let dir = TempDir::new();
+    let mut h = Helper::start();
+    let data = noise(150_000);
+    h.send_path(PUT, 1, dir.path());
+    h.send_entry(1, &entry("d", DIRECTORY, 0o750, 0, ""));
+    h.send_entry(1, &entry("d/f", REGULAR, 0o640, data.len() as u64, ""));
+    for c in data.chunks(CHUNK) {
+        h.send_data(STDIN, 1, c);
+    }
+    h.send_entry(1, &entry("d/l", SYMLINK, 0o777, 0, "f"));
+    h.send_entry(1, &entry("d/e", REGULAR, 0o600, 0, ""));
+    h.send_empty(STDIN_EOF, 1);
+    let (f, acked) = put_result(&mut h, 1);
+    assert_eq!(f.kind, DONE, "{f:?}");
+    assert_eq!(acked, data.len());
+
+    let d = dir.path().join("d");
+    assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o750);
+    assert_eq!(fs::read(d.join("f")).unwrap(), data);
+    let fm = fs::metadata(d.join("f")).unwrap();
+    assert_eq!(fm.mode() & 0o7777, 0o640);
+    assert_eq!(fm.mtime(), 1_700_000_000);
+    assert_eq!(fs::read_link(d.join("l")).unwrap(), Path::new("f"));
+    assert_eq!(fs::read(d.join("e")).unwrap(), b"");
+    // No temporary files left behind.
+    let names: HashSet<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["e", "f", "l"].iter().map(|s| s.to_string()).collect()
+    );
+
+    h.send_path(GET, 2, &d);
+    let mut entries = Vec::new();
+    let mut contents: Vec<u8> = Vec::new();
+    loop {
+        let f = h.recv();
+        assert_eq!(f.id, 2);
+        match f.kind {
+            ENTRY => entries.push(Entry::decode(&mut Dec::new(&f.payload)).unwrap()),
+            STDOUT => {
+                contents.extend_from_slice(&f.payload);
+                h.send_u32(CREDIT, 2, f.payload.len() as u32);
+            }
+            DONE => break,
+            k => panic!("unexpected frame kind {k}: {f:?}"),
+        }
+    }
+    let summary: Vec<(String, u8, u32, u64, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                String::from_utf8(e.path.clone()).unwrap(),
+                e.kind,
+                if e.kind == SYMLINK { 0 } else { e.mode },
+                e.size,
+                String::from_utf8(e.link.clone()).unwrap(),
+            )
+        })
+        .collect();
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        summary,
+        vec![
+            (s("d"), DIRECTORY, 0o750, 0, s("")),
+            (s("d/e"), REGULAR, 0o600, 0, s("")),
+            (s("d/f"), REGULAR, 0o640, data.len() as u64, s("")),
+            (s("d/l"), SYMLINK, 0, 0, s("f")),
+        ]
+    );
+    assert_eq!(contents, data);
+
+    // A second PUT replaces the file and the symlink.
+    h.send_path(PUT, 3, dir.path());
+    h.send_entry(3, &entry("d/f", REGULAR, 0o644, 3, ""));
+    h.send_data(STDIN, 3, b"new");
+    h.send_entry(3, &entry("d/l", REGULAR, 0o644, 0, ""));
+    h.send_empty(STDIN_EOF, 3);
+    assert_eq!(put_result(&mut h, 3).0.kind, DONE);
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"new");
+    assert!(fs::symlink_metadata(d.join("l")).unwrap().is_file());
+}
+
+#[test]
+fn put_never_replaces_a_directory() {
+    let dir = TempDir::new();
+    let x = dir.path().join("x");
+    fs::create_dir(&x).unwrap();
+    fs::write(x.join("keep"), "kept").unwrap();
+    let mut h = Helper::start();
+    h.send_path(PUT, 1, dir.path());
+    h.send_entry(1, &entry("x", REGULAR, 0o644, 5, ""));
+    h.send_data(STDIN, 1, b"hello");
+    h.send_entry(1, &entry("y", REGULAR, 0o644, 0, ""));
+    h.send_empty(STDIN_EOF, 1);
+    let f = h.recv();
+    assert_eq!(file_error(&f), (FileError::IsDir, "x".to_string()));
+    // The rest is discarded, its data still acknowledged; nothing else follows.
+    let f = h.recv();
+    assert_eq!(
+        (f.kind, Dec::new(&f.payload).u32().unwrap()),
+        (STDIN_ACK, 5)
+    );
+    h.send_empty(PING, 2);
+    assert_eq!(h.recv().kind, PONG);
+    assert_eq!(fs::read_to_string(x.join("keep")).unwrap(), "kept");
+    assert!(!dir.path().join("y").exists());
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    // A file where a directory goes.
+    fs::write(dir.path().join("file"), "").unwrap();
+    h.send_path(PUT, 3, dir.path());
+    h.send_entry(3, &entry("file", DIRECTORY, 0o755, 0, ""));
+    h.send_empty(STDIN_EOF, 3);
+    assert_eq!(file_error(&h.recv()).0, FileError::NotDir);
+}
+
+#[test]
+fn put_rejects_bad_paths_and_bases() {
+    let dir = TempDir::new();
+    let mut h = Helper::start();
+    for (id, path) in [(1, "../escape"), (2, "/abs"), (3, "a//b"), (4, "")] {
+        h.send_path(PUT, id, dir.path());
+        h.send_entry(id, &entry(path, REGULAR, 0o644, 0, ""));
+        h.send_empty(STDIN_EOF, id);
+        assert_eq!(file_error(&h.recv()).0, FileError::Invalid, "{path}");
+    }
+    h.send_path(PUT, 5, &dir.path().join("missing"));
+    h.send_empty(STDIN_EOF, 5);
+    assert_eq!(file_error(&h.recv()), (FileError::NotFound, String::new()));
+    fs::write(dir.path().join("file"), "").unwrap();
+    h.send_path(PUT, 6, &dir.path().join("file"));
+    h.send_empty(STDIN_EOF, 6);
+    assert_eq!(file_error(&h.recv()), (FileError::NotDir, String::new()));
+}
+
+#[test]
+fn get_of_a_missing_path() {
+    let dir = TempDir::new();
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &dir.path().join("missing"));
+    assert_eq!(file_error(&h.recv()).0, FileError::NotFound);
+    // Under a non-directory (ENOTDIR): not found either.
+    fs::write(dir.path().join("file"), "").unwrap();
+    h.send_path(GET, 2, &dir.path().join("file").join("x"));
+    assert_eq!(file_error(&h.recv()).0, FileError::NotFound);
+}
+
+#[test]
+fn discard_abandons_a_get() {
+    let dir = TempDir::new();
+    let path = dir.path().join("big");
+    fs::write(&path, noise(8 * INITIAL_CREDIT as usize)).unwrap();
+    let mut h = Helper::start();
+    let idle = idle_threads(&mut h);
+    h.send_path(GET, 1, &path);
+    // ENTRY and STDOUT up to the initial credit.
+    let mut got = 0usize;
+    while got < INITIAL_CREDIT as usize {
+        let f = h.recv();
+        assert_eq!(f.id, 1, "{f:?}");
+        assert!(matches!(f.kind, ENTRY | STDOUT), "{f:?}");
+        got += f.payload.len();
+    }
+    assert_eq!(got, INITIAL_CREDIT as usize);
+    h.send_empty(DISCARD, 1);
+    h.send_u32(CREDIT, 1, 1 << 20);
+    h.send_empty(PING, 2);
+    let f = h.recv();
+    assert_eq!(
+        (f.kind, f.id),
+        (PONG, 2),
+        "no frame of a discarded GET: {f:?}"
+    );
+    if let Some(f) = h.try_recv(Duration::from_millis(300)) {
+        panic!("a frame after DISCARD: {f:?}");
+    }
+    // Its thread is gone and the file is closed.
+    assert_threads_back_to(&h, idle);
+    let open = fs::read_dir(format!("/proc/{}/fd", h.hello.pid))
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.unwrap().path()).ok())
+        .any(|target| target == path);
+    assert!(!open, "the helper still has the file open");
+    h.send_empty(PING, 3);
+    assert_eq!(h.recv().kind, PONG);
+}
+
+#[test]
+fn get_entries_count_against_the_credit() {
+    let dir = TempDir::new();
+    let tree = dir.path().join("many");
+    fs::create_dir(&tree).unwrap();
+    let count = 6000;
+    for i in 0..count {
+        fs::write(tree.join(format!("{i:06}-{}", "n".repeat(200))), "").unwrap();
+    }
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &tree);
+    // Entries up to the initial credit (the next one, a few hundred bytes, does not fit),
+    // then nothing.
+    let mut got = 0usize;
+    let mut entries = 0;
+    loop {
+        let f = if got <= INITIAL_CREDIT as usize - 1024 {
+            h.recv()
+        } else {
+            match h.try_recv(Duration::from_millis(500)) {
+                Some(f) => f,
+                None => break,
+            }
+        };
+        assert_eq!((f.kind, f.id), (ENTRY, 1), "{f:?}");
+        got += f.payload.len();
+        entries += 1;
+        assert!(got <= INITIAL_CREDIT as usize, "{got} bytes without credit");
+    }
+    assert!(entries < count, "all entries without credit");
+    // With credit, the rest.
+    h.send_u32(CREDIT, 1, got as u32);
+    loop {
+        let f = h.recv();
+        assert_eq!(f.id, 1, "{f:?}");
+        match f.kind {
+            ENTRY => {
+                entries += 1;
+                h.send_u32(CREDIT, 1, f.payload.len() as u32);
+            }
+            DONE => break,
+            k => panic!("unexpected frame kind {k}"),
+        }
+    }
+    assert_eq!(entries, count + 1);
+}
+
+/// Reads a GET's frames until its last one (`DONE` or `FILE_ERROR`), granting credit:
+/// the entries' paths, the data bytes, and the last frame.
+fn get_all(h: &mut Helper, id: u32) -> (Vec<String>, usize, Frame) {
+    let (mut paths, mut data) = (Vec::new(), 0);
+    loop {
+        let f = h.recv();
+        assert_eq!(f.id, id, "{f:?}");
+        match f.kind {
+            ENTRY => {
+                let e = Entry::decode(&mut Dec::new(&f.payload)).unwrap();
+                paths.push(String::from_utf8(e.path).unwrap());
+            }
+            STDOUT => {
+                data += f.payload.len();
+                h.send_u32(CREDIT, id, f.payload.len() as u32);
+            }
+            DONE | FILE_ERROR => return (paths, data, f),
+            k => panic!("unexpected frame kind {k}: {f:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_file_that_shrinks_while_it_is_read_fails_the_get_naming_it() {
+    let dir = TempDir::new();
+    let d = dir.path().join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("a"), "first").unwrap();
+    fs::write(d.join("big"), noise(8 * INITIAL_CREDIT as usize)).unwrap();
+    fs::write(d.join("z"), "last").unwrap();
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &d);
+    // Everything the initial credit allows, without granting more: the helper is in the
+    // middle of `big`.
+    let mut got = 0usize;
+    while got < INITIAL_CREDIT as usize {
+        let f = h.recv();
+        assert!(matches!(f.kind, ENTRY | STDOUT), "{f:?}");
+        got += f.payload.len();
+    }
+    fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("big"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    h.send_u32(CREDIT, 1, INITIAL_CREDIT);
+    let (paths, _, last) = get_all(&mut h, 1);
+    assert!(paths.is_empty(), "entries after the cut file: {paths:?}");
+    assert_eq!(file_error(&last), (FileError::Other, "d/big".to_string()));
+    let msg = String::from_utf8_lossy(&last.payload).into_owned();
+    assert!(msg.contains("shrank"), "{msg}");
+}
+
+#[test]
+fn a_fifo_asked_for_is_an_error_and_skipped_below_a_directory() {
+    let dir = TempDir::new();
+    let d = dir.path().join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("file"), "x").unwrap();
+    let fifo = d.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &fifo);
+    assert_eq!(
+        file_error(&h.recv()),
+        (FileError::Invalid, "fifo".to_string())
+    );
+    h.send_path(GET, 2, &d);
+    let (paths, data, last) = get_all(&mut h, 2);
+    assert_eq!(last.kind, DONE, "{last:?}");
+    assert_eq!(paths, ["d", "d/file"]);
+    assert_eq!(data, 1);
+}
+
+#[test]
+fn a_put_leaves_blocks_of_zeros_as_holes() {
+    let dir = TempDir::new();
+    let size = 8usize << 20;
+    let mut data = vec![0u8; size];
+    data[..5].copy_from_slice(b"start");
+    data[3 << 20..(3 << 20) + 3].copy_from_slice(b"mid");
+    // Unaligned data around a block boundary, then zeros to the end (a hole at the end).
+    data[(4 << 20) - 2..(4 << 20) + 2].copy_from_slice(b"edge");
+    let mut h = Helper::start();
+    h.send_path(PUT, 1, dir.path());
+    h.send_entry(1, &entry("sparse", REGULAR, 0o644, size as u64, ""));
+    // Chunks that do not line up with the hole blocks.
+    for c in data.chunks(CHUNK - 100) {
+        h.send_data(STDIN, 1, c);
+    }
+    h.send_empty(STDIN_EOF, 1);
+    assert_eq!(put_result(&mut h, 1).0.kind, DONE);
+    let path = dir.path().join("sparse");
+    assert_eq!(fs::read(&path).unwrap(), data);
+    let md = fs::metadata(&path).unwrap();
+    assert_eq!(md.len(), size as u64);
+    // A few blocks of data, not 8 MiB.
+    assert!(
+        md.blocks() * 512 < 1 << 20,
+        "{} bytes allocated for {size} bytes, mostly zeros",
+        md.blocks() * 512
+    );
+}
+
+#[test]
+fn a_put_cut_by_the_end_of_the_connection_leaves_no_temporary_file() {
+    let dir = TempDir::new();
+    let mut h = Helper::start();
+    h.send_path(PUT, 1, dir.path());
+    h.send_entry(1, &entry("whole", REGULAR, 0o644, 3, ""));
+    h.send_data(STDIN, 1, b"abc");
+    h.send_entry(1, &entry("cut", REGULAR, 0o644, 100_000, ""));
+    h.send_data(STDIN, 1, &noise(1000));
+    // Both acked: the temporary file of `cut` exists now.
+    let mut acked = 0;
+    while acked < 1003 {
+        let f = h.recv();
+        assert_eq!(f.kind, STDIN_ACK, "{f:?}");
+        acked += Dec::new(&f.payload).u32().unwrap() as usize;
+    }
+    let names = || -> Vec<String> {
+        let mut n: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names().len(), 2, "{:?}", names());
+    assert!(h.close().success());
+    assert_eq!(names(), ["whole"]);
+}
+
+unsafe extern "C" {
+    fn renameat2(
+        from_dir: i32,
+        from: *const std::ffi::c_char,
+        to_dir: i32,
+        to: *const std::ffi::c_char,
+        flags: u32,
+    ) -> i32;
+}
+
+/// Exchanges two names atomically (`RENAME_EXCHANGE`); false if refused.
+fn exchange(a: &std::ffi::CStr, b: &std::ffi::CStr) -> bool {
+    // SAFETY: NUL-terminated names that outlive the call; AT_FDCWD and RENAME_EXCHANGE.
+    unsafe { renameat2(-100, a.as_ptr(), -100, b.as_ptr(), 2) == 0 }
+}
+
+/// Runs a PUT of `entries` (regular files get `data`) into `base`: true if `DONE`, false
+/// if a refusal (a link not followed, a non-directory in the way, a name missing).
+fn put_ok(h: &mut Helper, id: u32, base: &Path, entries: &[Entry], data: &[u8]) -> bool {
+    h.send_path(PUT, id, base);
+    for e in entries {
+        h.send_entry(id, e);
+        if e.kind == REGULAR && e.size > 0 {
+            h.send_data(STDIN, id, data);
+        }
+    }
+    h.send_empty(STDIN_EOF, id);
+    let (f, _) = put_result(h, id);
+    if f.kind == DONE {
+        return true;
+    }
+    let (kind, _) = file_error(&f);
+    assert!(
+        matches!(
+            kind,
+            FileError::Untrusted | FileError::NotDir | FileError::NotFound
+        ),
+        "{f:?}"
+    );
+    // The data after the failure is still acknowledged: drain to a PONG.
+    h.send_empty(PING, id);
+    while h.recv().kind != PONG {}
+    false
+}
+
+/// A directory of another user whose `d` keeps trading places with a link to a root-only
+/// directory: PUTs through it, PUTs of a directory entry at it and GETs of it never touch
+/// or read the root-only directory, and a path through a link in it is refused.
+#[test]
+fn a_link_another_user_swaps_in_is_never_followed() {
+    use std::os::unix::ffi::OsStrExt;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new();
+    let canary = dir.path().join("canary");
+    fs::create_dir(&canary).unwrap();
+    fs::set_permissions(&canary, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(canary.join("secret"), "secret").unwrap();
+    let race = dir.path().join("race");
+    fs::create_dir_all(race.join("d")).unwrap();
+    std::os::unix::fs::symlink(&canary, race.join("l")).unwrap();
+    std::os::unix::fs::chown(&race, Some(65534), Some(65534)).unwrap();
+    let c = |p: PathBuf| std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (d, l) = (c(race.join("d")), c(race.join("l")));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                assert!(exchange(&d, &l), "{}", std::io::Error::last_os_error());
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut h = Helper::start();
+    let (mut done, mut refused) = (0, 0);
+    let mut tally = |ok: bool| if ok { done += 1 } else { refused += 1 };
+    let mut id = 0;
+    for _ in 0..300 {
+        id += 3;
+        let planted = entry("planted", REGULAR, 0o4777, 3, "");
+        tally(put_ok(&mut h, id, &race.join("d"), &[planted], b"pwn"));
+        let at_d = entry("d", DIRECTORY, 0o777, 0, "");
+        let below = entry("d/planted", REGULAR, 0o4777, 3, "");
+        tally(put_ok(&mut h, id + 1, &race, &[at_d, below], b"pwn"));
+        h.send_path(GET, id + 2, &race.join("d"));
+        loop {
+            let f = h.recv();
+            match f.kind {
+                STDOUT => {
+                    assert!(!f.payload.windows(6).any(|w| w == b"secret"));
+                    h.send_u32(CREDIT, id + 2, f.payload.len() as u32);
+                }
+                ENTRY => {}
+                DONE => break,
+                FILE_ERROR => break,
+                k => panic!("unexpected frame kind {k}"),
+            }
+        }
+    }
+    id += 3;
+    h.send_path(GET, id, &race.join("l").join("secret"));
+    let (kind, _) = file_error(&h.recv());
+    assert!(matches!(kind, FileError::Untrusted | FileError::NotFound));
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    let md = fs::metadata(&canary).unwrap();
+    assert_eq!((md.mode() & 0o7777, md.uid()), (0o700, 0));
+    let names: Vec<_> = fs::read_dir(&canary)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("secret")]);
+    assert_eq!(fs::read_to_string(canary.join("secret")).unwrap(), "secret");
+    assert!(
+        done > 0 && refused > 0,
+        "{done} done, {refused} refused, {swaps} swaps"
+    );
+}
