@@ -190,14 +190,14 @@ pub fn run_labels(
     labels
 }
 
-/// The label keys of a ready pooled target of `shape` ([`crate::Pool`]): the run labels
-/// of an owned run (with the shape's TTL and labels), the pool key and state. Pools of
-/// one shape key agree on them, so a claim by any process knows what to take off.
-pub fn pooled_keys(shape: &crate::RunSpec) -> BTreeSet<String> {
-    let mut keys: BTreeSet<String> =
-        run_labels("", Some(&Owner::current()), shape.ttl, &shape.labels)
-            .into_keys()
-            .collect();
+/// The label keys of a ready pooled target ([`crate::Pool`]) whose shape has `ttl` and
+/// the user labels `user` (`RunSpec::ttl` and `RunSpec::labels` of the shape): the run
+/// labels of an owned run, the pool key and state. Pools of one shape key agree on them,
+/// so a claim by any process knows what to take off.
+pub fn pooled_keys(ttl: Option<Duration>, user: &BTreeMap<String, String>) -> BTreeSet<String> {
+    let mut keys: BTreeSet<String> = run_labels("", Some(&Owner::current()), ttl, user)
+        .into_keys()
+        .collect();
     keys.extend([POOL.to_string(), POOL_STATE.to_string()]);
     keys
 }

@@ -32,12 +32,14 @@
 
 pub mod ca;
 mod capabilities;
+mod cleanup;
 mod error;
 mod exec;
 pub mod files;
 mod guard;
 mod helper;
 pub mod labels;
+mod lifecycle;
 mod pool;
 mod progress;
 pub mod raw;
@@ -45,6 +47,7 @@ mod reap;
 mod registry;
 mod run;
 mod spec;
+mod warm;
 
 pub use capabilities::{Capabilities, is_numeric_user};
 pub use error::{Error, ErrorKind, Result};
@@ -53,13 +56,15 @@ pub use exec::{
     StdinWriter,
 };
 pub use files::{ByteStream, FileReader};
-pub use guard::{RunGuard, stop_guarded_runs, stop_runs_on_signal};
+pub use guard::{DriverExt, RunGuard, stop_guarded_runs, stop_runs_on_signal};
 pub use helper::{EXEC_HELPER_ENV, ExecHelper, ExecPath, HELPER_DIR};
+pub use lifecycle::exec_in;
 pub use pool::{CLOSE_WAIT, OnEmpty, OnMismatch, Pool, PoolConfig, PoolStats, Warm};
 pub use progress::{CreateOptions, Progress, ProgressFn};
+pub use raw::RunInfo;
 pub use reap::{ReapReason, reap};
 pub use registry::{ConnectFn, DriverConfig, DriverFactory, connect, driver_names, drivers};
-pub use run::{Driver, DriverExt, Run, RunExt, RunInfo};
+pub use run::{Driver, Run, RunExt};
 pub use spec::{
     DEFAULT_WORKSPACE_PATH, ExecSpec, MIN_MEMORY_BYTES, Network, Proxy, PullPolicy, Resources,
     RunSpec, Security, Stdin, Workspace, could_be_id_prefix, normalize_registry, qualified_name,

@@ -6,110 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cleanup::cleanup_from_drop;
 use crate::error::{Error, ErrorKind, Result};
-use crate::guard::{CreateGuard, RunGuard, cleanup_from_drop};
-use crate::helper::Session;
+use crate::guard::RunGuard;
 use crate::progress::CreateOptions;
 use crate::run::{Driver, Run};
 use crate::spec::{RunSpec, Workspace};
 
-/// A ready pooled target, as [`Driver::pool_warm`] made it or as another process's (by
-/// id). Dropping it removes the target unless it was claimed.
-pub struct Warm {
-    run_id: String,
-    key: String,
-    label_keys: BTreeSet<String>,
-    session: Option<Arc<Session>>,
-    guard: Option<CreateGuard>,
-    made: Instant,
-}
-
-impl fmt::Debug for Warm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Warm")
-            .field("run_id", &self.run_id)
-            .field("key", &self.key)
-            .field("session", &self.session.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Warm {
-    pub(crate) fn new(
-        run_id: String,
-        key: &str,
-        label_keys: BTreeSet<String>,
-        session: Option<Arc<Session>>,
-        guard: Option<CreateGuard>,
-    ) -> Warm {
-        Warm {
-            run_id,
-            key: key.to_string(),
-            label_keys,
-            session,
-            guard,
-            made: Instant::now(),
-        }
-    }
-
-    /// A ready target another process made for a pool of `shape` (its key `key`):
-    /// claimed by id, its helper started afresh.
-    pub fn foreign(run_id: impl Into<String>, key: impl Into<String>, shape: &RunSpec) -> Warm {
-        Warm::new(
-            run_id.into(),
-            &key.into(),
-            crate::labels::pooled_keys(shape),
-            None,
-            None,
-        )
-    }
-
-    /// The id the run will have once claimed.
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
-    /// The pool key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The keys of the labels the target carries while ready.
-    pub fn label_keys(&self) -> &BTreeSet<String> {
-        &self.label_keys
-    }
-
-    /// Whether its helper's stream broke while it waited: another process claimed the
-    /// target (its claim starts a helper of its own), the target is gone, or only the
-    /// stream broke. Then the session is dropped ([`Warm::drop_session`]) and the target
-    /// stays a candidate: a claim tells these apart atomically, and a claimed run starts a
-    /// helper afresh. Removing it instead would waste a ready target another process may
-    /// need.
-    fn dead(&self) -> bool {
-        self.session.as_ref().is_some_and(|s| s.dead().is_some())
-    }
-
-    fn drop_session(&mut self) {
-        self.session = None;
-    }
-
-    /// Stops guarding the target (claimed, or another claim won it) and hands over the
-    /// helper session.
-    pub(crate) fn release(mut self) -> Option<Arc<Session>> {
-        if let Some(guard) = self.guard.take() {
-            guard.disarm();
-        }
-        self.session.take()
-    }
-
-    /// Removes the target now, unless a run claimed it.
-    pub(crate) async fn discard(mut self) -> Result<()> {
-        match self.guard.take() {
-            Some(guard) => guard.discard().await,
-            None => Ok(()),
-        }
-    }
-}
+pub use crate::warm::Warm;
 
 /// What [`Pool::start`] does when no target is ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -642,7 +546,7 @@ async fn refill(inner: std::sync::Weak<Inner>) {
             let mut state = pool.state();
             if let Some(still_ready) = &still_ready {
                 for warm in state.ready.iter_mut().filter(|w| w.dead()) {
-                    if still_ready.contains(&warm.run_id) {
+                    if still_ready.contains(warm.run_id()) {
                         warm.drop_session();
                     }
                 }
@@ -650,7 +554,7 @@ async fn refill(inner: std::sync::Weak<Inner>) {
             let (keep, old): (VecDeque<Warm>, VecDeque<Warm>) = state
                 .ready
                 .drain(..)
-                .partition(|w| w.made.elapsed() < ttl && !w.dead());
+                .partition(|w| w.made().elapsed() < ttl && !w.dead());
             state.ready = keep;
             state.stats.expired += old.len() as u64;
             state.goal = state
@@ -660,7 +564,7 @@ async fn refill(inner: std::sync::Weak<Inner>) {
             old.into_iter().collect()
         };
         for warm in expired {
-            tracing::debug!(run = %warm.run_id, "pooled target expired");
+            tracing::debug!(run = %warm.run_id(), "pooled target expired");
             if let Err(e) = warm.discard().await {
                 tracing::warn!("could not remove an idle pooled target: {e}");
             }

@@ -2,8 +2,9 @@
 //!
 //! A driver implements [`Backend`]: create the target of an already validated [`Plan`],
 //! start one raw exec ([`RawExec`] in, [`RawProcess`] out), remove, list by label, check
-//! a target for attach, move tar streams. Every [`Backend`] is a [`Driver`] through a
-//! blanket implementation in which core runs every shared step once, for every driver:
+//! a target for attach, move tar streams. Every [`Backend`] is a [`crate::Driver`]
+//! through a blanket implementation in which core runs every shared step once, for every
+//! driver:
 //!
 //! - create: spec validation and capability enforcement, the run id and labels (owner,
 //!   TTL, managed-by), the create guard (a dropped `create` future or a signal removes what
@@ -17,31 +18,31 @@
 //! - files: path rules; stop: idempotent removal.
 //!
 //! A driver therefore cannot skip a rule of the contract: it never sees an unchecked spec
-//! and never hands a run out itself. See `examples/third-party-driver` for a complete one.
+//! (core makes every [`Plan`], through one constructor that validates and checks its
+//! spec) and never hands a run out itself. See `examples/third-party-driver` for a
+//! complete one; a driver that wraps another backend writes only what it changes
+//! ([`Layer`]). For a backend's own work inside a target (tar through exec, setup
+//! scripts), [`crate::exec_in`] runs an exec through core.
+//!
+//! This module is the ground floor of the lifecycle: it uses nothing of runs, pools or
+//! the exec helper.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 use tokio_util::task::TaskTracker;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
-use crate::exec::{ExecControl, ExecStream, ExitStatus, OutputChunk};
+use crate::exec::{ExitStatus, OutputChunk};
 use crate::files::{self, ByteStream};
-use crate::guard::CreateGuard;
-use crate::helper::{self, ExecHelper, ExecPath, Session};
-use crate::labels::{self, Owner};
-use crate::pool::Warm;
-use crate::progress::{CreateOptions, Progress, ProgressFn};
-use crate::run::{Driver, Run, RunExt, RunInfo};
-use crate::spec::{ExecSpec, RunSpec, Stdin};
+use crate::labels;
+use crate::progress::{Progress, ProgressFn};
+use crate::spec::{RunSpec, Stdin};
 
 pub use crate::exec::{EXEC_ID_ENV, KILL_SCRIPT};
 
@@ -95,7 +96,70 @@ impl fmt::Debug for Plan<'_> {
     }
 }
 
-impl Plan<'_> {
+impl<'a> Plan<'a> {
+    /// The plan of target `id` for `spec`, and the only way to one: `spec` is validated
+    /// ([`RunSpec::validate`]) and checked against `caps` ([`Capabilities::check`]), and
+    /// its CA bundle parsed, before anything else, so that a backend never sees an
+    /// unchecked spec. The plan carries the run's env ([`RunSpec::run_env`]) and CA, no
+    /// pool and no progress callback (see the `with_` methods).
+    pub(crate) fn checked(
+        id: String,
+        labels: BTreeMap<String, String>,
+        spec: &'a RunSpec,
+        caps: &Capabilities,
+    ) -> Result<Plan<'a>> {
+        spec.validate()?;
+        caps.check(spec)?;
+        let ca_pem = spec
+            .ca_bundle
+            .as_deref()
+            .map(crate::ca::parse_certificates)
+            .transpose()?;
+        Ok(Plan {
+            id,
+            labels,
+            env: spec.run_env(),
+            ca_pem,
+            spec,
+            pool: None,
+            stale_labels: Vec::new(),
+            progress: None,
+            in_flight: TaskTracker::new(),
+        })
+    }
+
+    /// The plan of a target warmed ahead for pool `key`: the spec is the pool's shape, and
+    /// nothing run-specific (env, CA) is created with it.
+    pub(crate) fn warming(self, key: &str) -> Plan<'a> {
+        Plan {
+            env: Vec::new(),
+            ca_pem: None,
+            pool: Some(key.to_string()),
+            ..self
+        }
+    }
+
+    /// The plan of a claim of a ready target of pool `key`, which carries `stale_labels`
+    /// that the run must not.
+    pub(crate) fn claiming(self, key: &str, stale_labels: Vec<String>) -> Plan<'a> {
+        Plan {
+            pool: Some(key.to_string()),
+            stale_labels,
+            ..self
+        }
+    }
+
+    /// The plan with the caller's progress callback.
+    pub(crate) fn with_progress(self, progress: Option<ProgressFn>) -> Plan<'a> {
+        Plan { progress, ..self }
+    }
+
+    /// The requests of this create that run on when it is cancelled
+    /// ([`Plan::uncancelled`]).
+    pub(crate) fn in_flight(&self) -> &TaskTracker {
+        &self.in_flight
+    }
+
     /// Reports a step to the caller, if it asked for progress.
     pub fn report(&self, event: Progress) {
         if let Some(f) = &self.progress {
@@ -180,6 +244,17 @@ pub trait RawStatus: Send + Sync + 'static {
     async fn status(&self) -> Result<ExitStatus>;
 }
 
+/// What [`Backend::list_targets`] (and [`crate::Driver::list`]) reports of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInfo {
+    /// The run id.
+    pub id: String,
+    /// Every label of the target (the library's and the caller's).
+    pub labels: BTreeMap<String, String>,
+    /// False once the target has exited or died (a target being created counts as running).
+    pub running: bool,
+}
+
 /// Where a pooled target stands ([`Backend::pool_id`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -192,10 +267,10 @@ pub enum PoolState {
     Claimed,
 }
 
-/// What an engine supplies. Implement this; the [`Driver`] comes with it.
+/// What an engine supplies. Implement this; the [`crate::Driver`] comes with it.
 ///
 /// Cheap to clone (a client handle): each run keeps a clone. Method names differ from
-/// [`Driver`]'s so that both traits can be in scope.
+/// [`crate::Driver`]'s so that both traits can be in scope.
 #[async_trait]
 pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
     /// The registry name (`docker`, `k8s`, ...).
@@ -323,1007 +398,210 @@ fn no_pool_hook(hook: &str) -> Error {
     )
 }
 
-/// How long core's liveness check may take.
-const LIVENESS_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a kill exec may take before it is abandoned (the script ends within ~1.5 s).
-const KILL_EXEC_BOUND: Duration = Duration::from_secs(8);
-
-#[async_trait]
-impl<B: Backend> Driver for B {
-    fn name(&self) -> &str {
-        B::NAME
-    }
-
-    /// The backend's capabilities, plus what the exec helper adds on every backend (a
-    /// per-exec user, streamed stdin) unless the helper is off.
-    fn capabilities(&self) -> Capabilities {
-        let caps = self.supports();
-        if helper::available() && ExecHelper::Auto.effective() != ExecHelper::Off {
-            with_helper(caps)
-        } else {
-            caps
-        }
-    }
-
-    async fn create_with(&self, spec: &RunSpec, options: CreateOptions) -> Result<Box<dyn Run>> {
-        spec.validate()?;
-        self.supports().check(spec)?;
-        let ca_pem = spec
-            .ca_bundle
-            .as_deref()
-            .map(crate::ca::parse_certificates)
-            .transpose()?;
-        let id = crate::run::new_run_id();
-        let span =
-            tracing::debug_span!("run.create", driver = B::NAME, run = %id, image = %spec.image);
-        let plan = Plan {
-            labels: labels::run_labels(
-                &id,
-                (!options.detached).then(Owner::current).as_ref(),
-                spec.ttl,
-                &spec.labels,
-            ),
-            progress: options.progress,
-            env: spec.run_env(),
-            ca_pem,
-            id,
-            spec,
-            pool: None,
-            stale_labels: Vec::new(),
-            in_flight: TaskTracker::new(),
-        };
-        tracing::Instrument::instrument(create_run(self, plan), span).await
-    }
-
-    async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
-        self.attach_target(id).await?;
-        Ok(Box::new(CoreRun::attached(
-            self.clone(),
-            id,
-            ExecHelper::Auto.effective(),
-        )))
-    }
-
-    async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
-        self.list_targets(selector).await
-    }
-
-    async fn remove(&self, id: &str) -> Result<()> {
-        self.remove_target(id).await
-    }
-
-    async fn pool_warm(&self, shape: &RunSpec, key: &str) -> Result<Warm> {
-        if !self.supports().pool {
-            return Err(Error::unsupported(
-                "pool",
-                "warm pools are not supported by this driver",
-            ));
-        }
-        shape.validate()?;
-        self.supports().check(shape)?;
-        let run_id = crate::run::new_run_id();
-        let id = self.pool_id(&run_id, PoolState::Warming);
-        let span = tracing::debug_span!("pool.warm", driver = B::NAME, run = %run_id, pool = %key);
-        let mut labels =
-            labels::run_labels(&run_id, Some(&Owner::current()), shape.ttl, &shape.labels);
-        labels.insert(labels::POOL.into(), key.into());
-        labels.insert(labels::POOL_STATE.into(), labels::POOL_WARMING.into());
-        let plan = Plan {
-            id: id.clone(),
-            labels,
-            env: Vec::new(),
-            ca_pem: None,
-            spec: shape,
-            pool: Some(key.to_string()),
-            stale_labels: Vec::new(),
-            progress: None,
-            in_flight: TaskTracker::new(),
-        };
-        let warm = async {
-            // Removes the target in whichever state it got to, unless someone claimed it;
-            // after the create, the returned `Warm` carries it.
-            let guard = {
-                let (backend, run_id) = (self.clone(), run_id.clone());
-                CreateGuard::new(&plan.in_flight, move || {
-                    let (backend, run_id) = (backend.clone(), run_id.clone());
-                    async move { backend.pool_remove(&run_id).await }
-                })
-            };
-            let mode = shape.exec_helper.effective();
-            let run = CoreRun::new(self.clone(), &id, mode);
-            let ready = async {
-                bring_up(self, &plan, &run).await?;
-                self.pool_mark_ready(&run_id).await
-            }
-            .await;
-            if let Err(e) = ready {
-                if let Err(cleanup) = guard.discard().await {
-                    tracing::error!(run = %id, "could not remove the failed pooled target: {cleanup}");
-                }
-                return Err(e);
-            }
-            let pooled = guard;
-            let session = match &*run.helper.lock().await {
-                HelperState::Ready(s) => Some(s.clone()),
-                _ => None,
-            };
-            tracing::debug!(run = %run_id, "pooled target ready");
-            let keys = plan.labels.keys().cloned().collect();
-            Ok(Warm::new(run_id.clone(), key, keys, session, Some(pooled)))
-        };
-        tracing::Instrument::instrument(warm, span).await
-    }
-
-    async fn pool_ready(&self, key: &str) -> Result<Vec<String>> {
-        self.pool_ready_targets(key).await
-    }
-
-    async fn pool_claim(
-        &self,
-        warm: Warm,
-        spec: &RunSpec,
-        options: CreateOptions,
-    ) -> Result<Option<Box<dyn Run>>> {
-        spec.validate()?;
-        self.supports().check(spec)?;
-        let ca_pem = spec
-            .ca_bundle
-            .as_deref()
-            .map(crate::ca::parse_certificates)
-            .transpose()?;
-        let (run_id, key) = (warm.run_id().to_string(), warm.key().to_string());
-        let mut run_labels = labels::run_labels(
-            &run_id,
-            (!options.detached).then(Owner::current).as_ref(),
-            spec.ttl,
-            &spec.labels,
-        );
-        run_labels.insert(labels::POOL.into(), key.clone());
-        run_labels.insert(labels::POOL_STATE.into(), labels::POOL_CLAIMED.into());
-        let stale_labels = warm
-            .label_keys()
-            .iter()
-            .filter(|k| !run_labels.contains_key(*k))
-            .cloned()
-            .collect();
-        let plan = Plan {
-            id: run_id.clone(),
-            labels: run_labels,
-            env: spec.run_env(),
-            ca_pem,
-            spec,
-            pool: Some(key),
-            stale_labels,
-            progress: options.progress,
-            in_flight: TaskTracker::new(),
-        };
-        let span = tracing::debug_span!("pool.claim", driver = B::NAME, run = %run_id);
-        let claim = async {
-            let won = match self.pool_claim_target(&plan).await {
-                Ok(won) => won,
-                Err(e) => {
-                    // Unknown whether it is ours: remove it only if still unclaimed.
-                    if let Err(cleanup) = warm.discard().await {
-                        tracing::warn!(run = %run_id, "could not remove a pooled target: {cleanup}");
-                    }
-                    return Err(e);
-                }
-            };
-            if !won {
-                tracing::debug!(run = %run_id, "claim lost");
-                // Removed only if nobody holds it (a claim that lost to nothing, such as a
-                // conflict with a status update, must not leave it behind).
-                if let Err(e) = warm.discard().await {
-                    tracing::warn!(run = %run_id, "could not remove a pooled target: {e}");
-                }
-                return Ok(None);
-            }
-            // Ours now: a dropped future or a failure removes it like a failed create.
-            let guard = {
-                let (backend, id) = (self.clone(), run_id.clone());
-                CreateGuard::new(&plan.in_flight, move || {
-                    let (backend, id) = (backend.clone(), id.clone());
-                    async move { backend.remove_target(&id).await }
-                })
-            };
-            let session = warm.release();
-            let run = CoreRun::claimed(self.clone(), &plan, session);
-            if let Err(e) = claim_setup(self, &plan, &run).await {
-                return Err(remove_failed(self, &run_id, guard, e).await);
-            }
-            guard.disarm();
-            tracing::debug!(run = %run_id, "pooled target claimed");
-            Ok(Some(Box::new(run) as Box<dyn Run>))
-        };
-        tracing::Instrument::instrument(claim, span).await
-    }
-}
-
-/// After a claim: everything run-specific the pooled target lacks, in the order a cold
-/// create applies it (CA files, workspace, working directory, post-create).
-async fn claim_setup<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) -> Result<()> {
-    let (spec, id) = (plan.spec, plan.id.as_str());
-    // First, so that a run attached from now on execs as this one does.
-    if let Some(Some(overlay)) = run.overlay.get() {
-        let json = serde_json::to_vec(overlay).map_err(|e| {
-            Error::new(ErrorKind::Backend, "cannot encode the run's settings").with_source(e)
-        })?;
-        let (dir, name) = files::split_file_path(OVERLAY_FILE)?;
-        let tar = files::tar_of_files(&[(name, &json, 0o600)])?;
-        if let Err(e) = run.put_archive(dir, files::byte_stream(tar.clone())).await {
-            tracing::debug!(run = %id, "writing the run's settings through the engine ({e})");
-            backend.put_tar(id, dir, files::byte_stream(tar)).await?;
-        }
-    }
-    if let Some(pem) = &plan.ca_pem {
-        plan.report(Progress::Step("installing the CA bundle".into()));
-        install_ca(backend, id, spec, pem).await?;
-    }
-    if let Some(dir) = &spec.workspace.host_dir {
-        plan.report(Progress::Step("copying the workspace in".into()));
-        backend
-            .put_tar(id, &spec.workspace.path, files::tar_dir_stream(dir))
-            .await
-            .map_err(|e| e.with_field("workspace.host_dir"))?;
-    }
-    if let Some(dir) = &spec.working_dir
-        && *dir != spec.workspace.path
-    {
-        let tar = files::tar_of_dirs(&[dir])?;
-        backend.put_tar(id, "/", files::byte_stream(tar)).await?;
-    }
-    for (i, argv) in spec.post_create.iter().enumerate() {
-        let n = spec.post_create.len();
-        plan.report(Progress::Step(format!(
-            "post-create {}/{n}: {}",
-            i + 1,
-            argv[0]
-        )));
-    }
-    crate::run::run_post_create(run, spec).await
-}
-
-/// Writes the CA files into a running target through the backend's file transfer: the
-/// injected certificates and the full bundle in [`crate::ca::DIR`] (writable on every
-/// pooled target), and, where the image has a system bundle and the root is writable,
-/// the system bundle and the `update-ca-certificates` source (as far as the backend's
-/// user may write them; else the system store stays as the image has it).
-async fn install_ca<B: Backend>(backend: &B, id: &str, spec: &RunSpec, pem: &str) -> Result<()> {
-    use crate::ca;
-    let mut system = None;
-    for path in ca::SYSTEM_BUNDLES {
-        let Ok(tar) = backend.get_tar(id, path).await else {
-            continue;
-        };
-        let Ok(file) = files::file_from_tar_stream(tar, path).await else {
-            continue;
-        };
-        if let Ok(bytes) = file.read_all(files::FILE_LIMIT, path).await
-            && let Ok(text) = String::from_utf8(bytes)
-        {
-            system = Some((path, text));
-            break;
-        }
-    }
-    let bundle = ca::full_bundle(system.as_ref().map_or("", |(_, t)| t), pem);
-    let own = files::tar_of_files(&[
-        ("ca.pem", pem.as_bytes(), 0o644),
-        ("ca-bundle.pem", bundle.as_bytes(), 0o644),
-    ])?;
-    backend
-        .put_tar(id, ca::DIR, files::byte_stream(own))
-        .await?;
-    if let Some((path, _)) = system
-        && !spec.security.read_only_rootfs
-    {
-        let store = files::tar_of_files(&[
-            (path, bundle.as_bytes(), 0o644),
-            (ca::SYSTEM_EXTRA_DIR_FILE, pem.as_bytes(), 0o644),
-        ])?;
-        if let Err(e) = backend.put_tar(id, "/", files::byte_stream(store)).await {
-            tracing::debug!(run = %id, "the system trust store stays as the image has it: {e}");
-        }
-    }
-    Ok(())
-}
-
-/// The create sequence, once for every backend.
-async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn Run>> {
-    let id = plan.id.clone();
-    // From here on, a dropped future or a signal removes whatever the backend made.
-    let guard = {
-        let (backend, id) = (backend.clone(), id.clone());
-        CreateGuard::new(&plan.in_flight, move || {
-            let (backend, id) = (backend.clone(), id.clone());
-            async move { backend.remove_target(&id).await }
-        })
-    };
-    let mode = plan.spec.exec_helper.effective();
-    let run = CoreRun::new(backend.clone(), &id, mode);
-    let result = async {
-        bring_up(backend, &plan, &run).await?;
-        backend.prepare_target(&plan).await?;
-        for (i, argv) in plan.spec.post_create.iter().enumerate() {
-            let n = plan.spec.post_create.len();
-            plan.report(Progress::Step(format!(
-                "post-create {}/{n}: {}",
-                i + 1,
-                argv[0]
-            )));
-        }
-        crate::run::run_post_create(&run, plan.spec).await
-    }
-    .await;
-    if let Err(e) = result {
-        return Err(remove_failed(backend, &id, guard, e).await);
-    }
-    guard.disarm();
-    tracing::debug!(run = %id, "run started");
-    Ok(Box::new(run))
-}
-
-/// Removes a run whose create (or claim) failed with `e`, then disarms its guard;
-/// returns `e`.
-async fn remove_failed<B: Backend>(backend: &B, id: &str, guard: CreateGuard, e: Error) -> Error {
-    if let Err(cleanup) = backend.remove_target(id).await {
-        tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
-    }
-    guard.disarm();
-    e
-}
-
-/// Creates the target of `plan` and checks that it answers: through the exec helper
-/// (its greeting), else a plain exec. `run`'s helper state is set from what worked.
-async fn bring_up<B: Backend>(backend: &B, plan: &Plan<'_>, run: &CoreRun<B>) -> Result<()> {
-    let (id, mode) = (plan.id.as_str(), run.mode);
-    {
-        backend.create_target(plan).await?;
-        plan.report(Progress::Step("checking that the sandbox answers".into()));
-        // A greeting helper proves the target runs and answers with the run's user and
-        // working directory; without one, a plain exec does.
-        let helper_error = match mode {
-            ExecHelper::Off => None,
-            // An upload into a target whose keep-alive is exiting may wait on an engine
-            // that never answers (its own bound is a minute): watched like the liveness
-            // check below.
-            _ => match unless_gone(backend, id, helper::start(backend, id)).await {
-                Ok(session) => {
-                    *run.helper.lock().await = HelperState::Ready(session);
-                    None
-                }
-                Err(e) => Some(e),
-            },
-        };
-        if let Some(e) = helper_error {
-            // The plain path from here on (the liveness check must not start a helper
-            // again); its errors say best why a target is unusable.
-            *run.helper.lock().await = HelperState::Plain;
-            check_alive(run)
-                .await
-                .map_err(|alive| alive.with("exec_helper", &e))?;
-            if mode == ExecHelper::Required {
-                return Err(Error::new(
-                    ErrorKind::StartFailed,
-                    format!("the exec helper could not start: {e}"),
-                )
-                .with_field("exec_helper")
-                .with("run", id));
-            }
-            helper::log_fallback(id, &e);
-        } else if mode == ExecHelper::Off {
-            check_alive(run).await?;
-        }
-        Ok(())
-    }
-}
-
-/// A run is handed out only when its target runs and answers an exec with the run's own
-/// user and working directory.
-async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
-    let probe = run.exec(ExecSpec::new(["sh", "-c", ":"]).timeout(LIVENESS_TIMEOUT));
-    // A keep-alive that exits while the probe starts may leave the probe waiting on an
-    // engine that never answers: watched, it stops at once if the target is gone.
-    let probe = unless_gone(&run.backend, &run.id, probe).await;
-    let failed = |message: String| Error::new(ErrorKind::StartFailed, message).with("run", &run.id);
-    match probe {
-        Ok(out) if out.status.success() => Ok(()),
-        // The exec could not start: the run's working directory or user is missing.
-        Err(e) if e.kind() == ErrorKind::NotFound && e.field().is_some() => Err(e),
-        Ok(out) => {
-            let mut e = failed(format!(
-                "the sandbox did not answer an exec (`sh -c :` {}; the library needs a POSIX sh and a keep-alive that stays up)",
-                out.status
-            ));
-            let stderr = out.stderr_str();
-            if !stderr.trim().is_empty() {
-                e = e.with("stderr", stderr.trim());
-            }
-            for (k, v) in run.backend.diagnose(&run.id).await {
-                e = e.with(k, v);
-            }
-            Err(e)
-        }
-        Err(probe_error) => {
-            let mut e = failed(format!("the sandbox did not stay up: {probe_error}"));
-            for (k, v) in run.backend.diagnose(&run.id).await {
-                e = e.with(k, v);
-            }
-            Err(e)
-        }
-    }
-}
-
-/// `fut`, unless target `id` is found gone first (checked every second): then the
-/// check's `RunLost` error. For the steps of a create that exec into a target which may be
-/// exiting: such an exec can wait on an engine that never answers.
-async fn unless_gone<B: Backend, T>(
-    backend: &B,
-    id: &str,
-    fut: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    let gone = async {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            if let Err(e) = backend.attach_target(id).await
-                && e.kind() == ErrorKind::RunLost
-            {
-                return e;
-            }
-        }
-    };
-    tokio::select! {
-        done = fut => done,
-        lost = gone => Err(lost),
-    }
-}
-
-/// An exec in target `id` through core (marker, pump, timeout, kill), for a backend's own
-/// work inside a target (tar through exec, setup scripts). Dropping the stream kills it,
-/// like any exec.
+/// A backend that wraps another ([`Layer::Inner`]) and changes only part of what it does:
+/// implement this instead of [`Backend`], and write only the methods that change.
 ///
-/// It takes the plain path (one raw exec per command), never the helper: the helper's own
-/// installation may go through it.
-pub async fn exec_in<B: Backend>(backend: &B, id: &str, spec: ExecSpec) -> Result<ExecStream> {
-    CoreRun::new(backend.clone(), id, ExecHelper::Off)
-        .exec_stream(spec)
-        .await
-}
+/// Every method has a default that forwards to the same method of [`Layer::inner`] (the
+/// defaulted hooks of [`Backend`] too: set-up, stop and the warm-pool hooks), and every
+/// `Layer` is a [`Backend`] (so a [`crate::Driver`]) through a blanket implementation. A
+/// wrapper thus keeps everything the inner backend declares in [`Backend::supports`]
+/// working, the pool hooks included, without forwarding them by hand. A default forwards
+/// to the inner backend only, never to another method of the layer: a layer that changes
+/// [`Layer::put_tar`] and wants [`Layer::put_executable`] to go through it writes both.
+///
+/// The model is OpenDAL's `LayeredAccess`. A type implements either `Layer` or
+/// [`Backend`], not both. With both traits in scope, call a method of a layer as
+/// `Backend::method(&layer, ...)` (or `Layer::...`) where the name alone is ambiguous.
+///
+/// ```
+/// use runcell_core::raw::{Backend, Layer, RawExec, RawProcess};
+/// use runcell_core::{Result, async_trait};
+///
+/// /// Any backend, with every exec's program logged.
+/// #[derive(Debug, Clone)]
+/// struct Logged<B>(B);
+///
+/// #[async_trait]
+/// impl<B: Backend> Layer for Logged<B> {
+///     const NAME: &'static str = "logged";
+///     type Inner = B;
+///
+///     fn inner(&self) -> &B {
+///         &self.0
+///     }
+///
+///     async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
+///         tracing::info!(run = id, program = exec.argv.first().map(String::as_str), "exec");
+///         self.0.exec_raw(id, exec).await
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Layer: Clone + Send + Sync + fmt::Debug + 'static {
+    /// The registry name of the wrapping driver ([`Backend::NAME`]).
+    const NAME: &'static str;
 
-/// `caps` with what the exec helper does on any backend.
-fn with_helper(caps: Capabilities) -> Capabilities {
-    caps.exec_user(true).stdin_streaming(true)
-}
+    /// The backend wrapped.
+    type Inner: Backend;
 
-/// Where a run's helper stands.
-#[derive(Debug)]
-enum HelperState {
-    /// Not started yet (an attached run), or its stream broke: the next exec starts one.
-    Untried,
-    Ready(Arc<Session>),
-    /// It could not start: plain execs for the rest of the run.
-    Plain,
-}
+    /// The backend wrapped, to which every method not written forwards.
+    fn inner(&self) -> &Self::Inner;
 
-/// The one [`Run`] of every driver: a backend, a target id and its exec helper.
-#[derive(Debug)]
-pub(crate) struct CoreRun<B: Backend> {
-    backend: B,
-    id: String,
-    mode: ExecHelper,
-    helper: tokio::sync::Mutex<HelperState>,
-    /// What a pooled run adds to every exec, since its target was created without it:
-    /// known at create and claim, read from the target ([`OVERLAY_FILE`]) by an attached
-    /// run's first exec. What is read back only shapes execs inside the target (env,
-    /// working directory), never a host path.
-    overlay: tokio::sync::OnceCell<Option<Overlay>>,
-}
-
-/// Where a claimed pooled target keeps its run's settings, for runs attached later.
-const OVERLAY_FILE: &str = "/.runcell/run.json";
-
-/// The run-specific settings of a claimed pooled target, applied per exec.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Overlay {
-    /// The run's environment ([`RunSpec::run_env`]), before each exec's own.
-    env: Vec<(String, String)>,
-    /// The run's working directory, when it is not the target's default.
-    working_dir: Option<String>,
-    /// The host workspace and its path in the target, copied back at stop where cold
-    /// runs mount it live. Known only to the process that claimed the run: never written
-    /// to the target nor read back from it (code in the sandbox may rewrite the settings
-    /// file, and must not choose where the host writes). A run attached later does not
-    /// copy back.
-    #[serde(skip)]
-    sync_back: Option<(std::path::PathBuf, String)>,
-}
-
-impl fmt::Debug for Overlay {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Overlay")
-            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
-            .field("working_dir", &self.working_dir)
-            .field("sync_back", &self.sync_back)
-            .finish()
-    }
-}
-
-impl<B: Backend> CoreRun<B> {
-    fn new(backend: B, id: &str, mode: ExecHelper) -> CoreRun<B> {
-        let state = match mode {
-            ExecHelper::Off => HelperState::Plain,
-            _ => HelperState::Untried,
-        };
-        CoreRun {
-            backend,
-            id: id.to_string(),
-            mode,
-            helper: tokio::sync::Mutex::new(state),
-            overlay: tokio::sync::OnceCell::new_with(Some(None)),
-        }
+    /// [`Backend::supports`]; default: the inner backend's.
+    fn supports(&self) -> Capabilities {
+        self.inner().supports()
     }
 
-    /// An attached run: its overlay, if any, is read from the target when first needed.
-    fn attached(backend: B, id: &str, mode: ExecHelper) -> CoreRun<B> {
-        CoreRun {
-            overlay: tokio::sync::OnceCell::new(),
-            ..CoreRun::new(backend, id, mode)
-        }
+    /// [`Backend::create_target`]; default: the inner backend's.
+    async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
+        self.inner().create_target(plan).await
     }
 
-    /// The run's overlay (`None` for a run created cold).
-    async fn overlay(&self) -> Result<Option<&Overlay>> {
-        let overlay = self
-            .overlay
-            .get_or_try_init(|| async {
-                // Through the helper first (no `tar` needed, no extra engine exec), then
-                // the engine's own transfer (which reads as root where a non-root helper
-                // may not).
-                let tar = match self.get_archive(OVERLAY_FILE).await {
-                    Ok(tar) => tar,
-                    Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-                    Err(e) if e.kind() == ErrorKind::RunLost => return Err(e),
-                    Err(_) => match self.backend.get_tar(&self.id, OVERLAY_FILE).await {
-                        Ok(tar) => tar,
-                        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-                        Err(e) => return Err(e),
-                    },
-                };
-                // A transfer by exec (`tar` on the plain path) reports a missing file
-                // only once its stream is read.
-                let read = async {
-                    let file = files::file_from_tar_stream(tar, OVERLAY_FILE).await?;
-                    file.read_all(1 << 20, OVERLAY_FILE).await
-                };
-                let json = match read.await {
-                    Ok(json) => json,
-                    Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(e),
-                };
-                serde_json::from_slice(&json).map(Some).map_err(|e| {
-                    Error::new(ErrorKind::Backend, "the run's settings file is unreadable")
-                        .with("run", &self.id)
-                        .with_source(e)
-                })
-            })
-            .await?;
-        Ok(overlay.as_ref())
+    /// [`Backend::attach_target`]; default: the inner backend's.
+    async fn attach_target(&self, id: &str) -> Result<()> {
+        self.inner().attach_target(id).await
     }
 
-    /// The run of a claimed pooled target: its helper session (if the pool's process
-    /// started one) and the run's settings as an overlay on every exec.
-    fn claimed(backend: B, plan: &Plan<'_>, session: Option<Arc<Session>>) -> CoreRun<B> {
-        let spec = plan.spec;
-        let mode = spec.exec_helper.effective();
-        let sync_back = spec
-            .workspace
-            .host_dir
-            .clone()
-            .filter(|_| backend.supports().workspace_mount)
-            .map(|dir| (dir, spec.workspace.path.clone()));
-        let mut run = CoreRun::new(backend, &plan.id, mode);
-        if let (Some(session), false) = (session, mode == ExecHelper::Off) {
-            run.helper = tokio::sync::Mutex::new(HelperState::Ready(session));
-        }
-        run.overlay = tokio::sync::OnceCell::new_with(Some(Some(Overlay {
-            env: plan.env.clone(),
-            working_dir: spec.working_dir.clone(),
-            sync_back,
-        })));
-        run
+    /// [`Backend::list_targets`]; default: the inner backend's.
+    async fn list_targets(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+        self.inner().list_targets(selector).await
     }
 
-    /// The live helper session, starting one when there is none (first exec of an
-    /// attached run, or after its stream broke); `None`: plain execs.
-    async fn session(&self) -> Result<Option<Arc<Session>>> {
-        let mut state = self.helper.lock().await;
-        match &*state {
-            HelperState::Plain => return Ok(None),
-            HelperState::Ready(s) if s.dead().is_none() => return Ok(Some(s.clone())),
-            HelperState::Ready(s) => {
-                tracing::info!(run = %self.id, "the exec helper's stream broke ({}); starting a new one", s.dead().unwrap_or_default());
-            }
-            HelperState::Untried => {}
-        }
-        let started = match helper::start(&self.backend, &self.id).await {
-            // Every step of a start fails on a target that is gone (an upload's 404, an
-            // exec that cannot begin): that is the run lost, not a helper problem.
-            Err(e) if e.kind() != ErrorKind::RunLost => {
-                match tokio::time::timeout(TARGET_CHECK_BOUND, self.backend.attach_target(&self.id))
-                    .await
-                {
-                    Ok(Err(gone))
-                        if matches!(gone.kind(), ErrorKind::RunLost | ErrorKind::NotFound) =>
-                    {
-                        Err(Error::new(
-                            ErrorKind::RunLost,
-                            format!("the run's target is gone: {gone}"),
-                        )
-                        .with_source(e))
-                    }
-                    _ => Err(e),
-                }
-            }
-            other => other,
-        };
-        match started {
-            Ok(s) => {
-                *state = HelperState::Ready(s.clone());
-                Ok(Some(s))
-            }
-            Err(e) if self.mode == ExecHelper::Required || e.kind() == ErrorKind::RunLost => {
-                *state = HelperState::Untried;
-                Err(e.with("run", &self.id))
-            }
-            Err(e) => {
-                helper::log_fallback(&self.id, &e);
-                *state = HelperState::Plain;
-                Ok(None)
-            }
-        }
+    /// [`Backend::remove_target`]; default: the inner backend's.
+    async fn remove_target(&self, id: &str) -> Result<()> {
+        self.inner().remove_target(id).await
     }
 
-    /// The helper for `spec`, or `None` for the plain path: a per-exec user needs a
-    /// helper running as root; otherwise the backend's own per-exec user, if it has one.
-    fn helper_for(
-        &self,
-        session: Option<Arc<Session>>,
-        spec: &ExecSpec,
-    ) -> Result<Option<Arc<Session>>> {
-        let Some(session) = session else {
-            return Ok(None);
-        };
-        if spec.user.is_some() && session.hello.uid != 0 {
-            if self.backend.supports().exec_user {
-                return Ok(None);
-            }
-            return Err(Error::unsupported(
-                "user",
-                format!(
-                    "a per-exec user in this run: its exec helper runs as uid {} and cannot switch users",
-                    session.hello.uid
-                ),
-            ));
-        }
-        Ok(Some(session))
+    /// [`Backend::exec_raw`]; default: the inner backend's.
+    async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
+        self.inner().exec_raw(id, exec).await
+    }
+
+    /// [`Backend::put_tar`]; default: the inner backend's.
+    async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
+        self.inner().put_tar(id, dir, tar).await
+    }
+
+    /// [`Backend::get_tar`]; default: the inner backend's.
+    async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream> {
+        self.inner().get_tar(id, path).await
+    }
+
+    /// [`Backend::prepare_target`]; default: the inner backend's.
+    async fn prepare_target(&self, plan: &Plan<'_>) -> Result<()> {
+        self.inner().prepare_target(plan).await
+    }
+
+    /// [`Backend::put_executable`]; default: the inner backend's.
+    async fn put_executable(&self, id: &str, path: &str, contents: bytes::Bytes) -> Result<()> {
+        self.inner().put_executable(id, path, contents).await
+    }
+
+    /// [`Backend::diagnose`]; default: the inner backend's.
+    async fn diagnose(&self, id: &str) -> Vec<(&'static str, String)> {
+        self.inner().diagnose(id).await
+    }
+
+    /// [`Backend::before_stop`]; default: the inner backend's.
+    async fn before_stop(&self, id: &str) -> Result<()> {
+        self.inner().before_stop(id).await
+    }
+
+    /// [`Backend::pool_id`]; default: the inner backend's.
+    fn pool_id(&self, run_id: &str, state: PoolState) -> String {
+        self.inner().pool_id(run_id, state)
+    }
+
+    /// [`Backend::pool_mark_ready`]; default: the inner backend's.
+    async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
+        self.inner().pool_mark_ready(run_id).await
+    }
+
+    /// [`Backend::pool_ready_targets`]; default: the inner backend's.
+    async fn pool_ready_targets(&self, key: &str) -> Result<Vec<String>> {
+        self.inner().pool_ready_targets(key).await
+    }
+
+    /// [`Backend::pool_claim_target`]; default: the inner backend's.
+    async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
+        self.inner().pool_claim_target(plan).await
+    }
+
+    /// [`Backend::pool_remove`]; default: the inner backend's.
+    async fn pool_remove(&self, run_id: &str) -> Result<()> {
+        self.inner().pool_remove(run_id).await
     }
 }
 
 #[async_trait]
-impl<B: Backend> Run for CoreRun<B> {
-    fn id(&self) -> &str {
-        &self.id
+impl<L: Layer> Backend for L {
+    const NAME: &'static str = L::NAME;
+
+    fn supports(&self) -> Capabilities {
+        Layer::supports(self)
     }
 
-    async fn exec_stream(&self, spec: ExecSpec) -> Result<ExecStream> {
-        spec.validate()?;
-        // Through the helper, the exec's timeout runs from here: waiting on the helper
-        // (its start, its answer) counts against it.
-        let deadline = spec
-            .timeout
-            .and_then(|t| tokio::time::Instant::now().checked_add(t));
-        let session = match self.mode {
-            ExecHelper::Off => None,
-            _ => self.helper_for(self.session().await?, &spec)?,
-        };
-        match &session {
-            Some(_) => with_helper(self.backend.supports()).check_exec(&spec)?,
-            None => self.backend.supports().check_exec(&spec)?,
-        }
-        let span = tracing::debug_span!("run", run = %self.id);
-        let marker = format!("{:016x}", rand::random::<u64>());
-        let overlay = self.overlay().await?;
-        let mut env = overlay.map(|o| o.env.clone()).unwrap_or_default();
-        env.extend(spec.env.iter().cloned());
-        env.push((EXEC_ID_ENV.to_string(), marker.clone()));
-        let working_dir = spec
-            .working_dir
-            .clone()
-            .or_else(|| overlay.and_then(|o| o.working_dir.clone()));
-        let raw = RawExec {
-            argv: spec.argv.clone(),
-            env,
-            working_dir,
-            user: spec.user.clone(),
-            stdin: spec.stdin.clone(),
-        };
-        let plain_control = |status| Control {
-            backend: self.backend.clone(),
-            id: self.id.clone(),
-            marker: marker.clone(),
-            user: spec.user.clone(),
-            env: spec.env.clone(),
-            status,
-        };
-        if let Some(session) = session {
-            let (hid, process) = session
-                .spawn(&raw, deadline)
-                .await
-                .map_err(|e| e.with("run", &self.id))?;
-            let mut left = spec.clone();
-            left.timeout =
-                deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-            let control = HelperControl {
-                session,
-                hid,
-                fallback: plain_control(process.status),
-            };
-            return Ok(span.in_scope(|| {
-                ExecStream::spawn(&left, process.output, process.stdin, Box::new(control))
-            }));
-        }
-        let process =
-            tracing::Instrument::instrument(self.backend.exec_raw(&self.id, raw), span.clone())
-                .await
-                .map_err(|e| e.with("run", &self.id))?;
-        let control = plain_control(process.status);
-        Ok(span.in_scope(|| {
-            ExecStream::spawn(&spec, process.output, process.stdin, Box::new(control))
-        }))
+    async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
+        Layer::create_target(self, plan).await
     }
 
-    async fn put_archive(&self, dir: &str, tar: ByteStream) -> Result<()> {
-        files::validate_dir_path(dir)?;
-        match self.session().await? {
-            Some(session) => helper::files::put(&session, dir, tar)
-                .await
-                .map_err(|e| e.with("run", &self.id)),
-            // The engine's extractor takes a source that stops at an entry boundary for a
-            // whole (smaller) archive: checked here, for every driver, a cut source fails.
-            None => {
-                self.backend
-                    .put_tar(&self.id, dir, files::checked_tar_stream(tar))
-                    .await
-            }
-        }
+    async fn attach_target(&self, id: &str) -> Result<()> {
+        Layer::attach_target(self, id).await
     }
 
-    async fn get_archive(&self, path: &str) -> Result<ByteStream> {
-        files::validate_dir_path(path)?;
-        match self.session().await? {
-            Some(session) => helper::files::get(&session, path)
-                .await
-                .map_err(|e| e.with("run", &self.id)),
-            // An engine's archive has no success marker of its own (a daemon that fails to
-            // read a file logs it and goes on): checked here, for every driver, a stream
-            // that ends before its end-of-archive or inside an entry fails, naming it.
-            None => Ok(files::checked_tar_stream(
-                self.backend.get_tar(&self.id, path).await?,
-            )),
-        }
+    async fn list_targets(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+        Layer::list_targets(self, selector).await
     }
 
-    async fn stop(&self) -> Result<()> {
-        let sync_back = match self.overlay().await {
-            Ok(overlay) => overlay.and_then(|o| o.sync_back.clone()),
-            Err(e) => {
-                tracing::warn!(run = %self.id, "reading the run's settings: {e}");
-                None
-            }
-        };
-        if let Some((dir, path)) = &sync_back {
-            // A pooled run's workspace was copied in where a cold run mounts it: copy it
-            // back, so that the host sees what a mount would have shown.
-            let copied = async {
-                let tar = self.get_archive(path).await?;
-                files::unpack_into(tar, dir, 1).await
-            };
-            if let Err(e) = copied.await {
-                tracing::warn!(run = %self.id, "copying the workspace back: {e}");
-            }
-        }
-        if let Err(e) = self.backend.before_stop(&self.id).await
-            && e.kind() != ErrorKind::RunLost
-        {
-            tracing::warn!(run = %self.id, "before stop: {e}");
-        }
-        // Close the helper's stream first: it kills what it started and exits.
-        *self.helper.lock().await = HelperState::Plain;
-        self.backend.remove_target(&self.id).await?;
-        tracing::debug!(run = %self.id, "run stopped");
-        Ok(())
+    async fn remove_target(&self, id: &str) -> Result<()> {
+        Layer::remove_target(self, id).await
     }
 
-    fn exec_path(&self) -> ExecPath {
-        match self.helper.try_lock().as_deref() {
-            Ok(HelperState::Plain) => ExecPath::Plain,
-            Ok(HelperState::Untried) if self.mode == ExecHelper::Off || !helper::available() => {
-                ExecPath::Plain
-            }
-            _ => ExecPath::Helper,
-        }
-    }
-}
-
-/// Status and kill of one exec through the helper. When the helper is gone (its stream
-/// broke, or it was killed), the kill falls back to the plain path's [`KILL_SCRIPT`] by
-/// the exec marker, so a dead helper leaves no process behind.
-struct HelperControl<B: Backend> {
-    session: Arc<Session>,
-    hid: u32,
-    /// The status (from the helper) and the plain kill.
-    fallback: Control<B>,
-}
-
-#[async_trait]
-impl<B: Backend> ExecControl for HelperControl<B> {
-    async fn status(&self) -> Result<ExitStatus> {
-        let status = self.fallback.status.status().await;
-        self.fallback.unless_lost(status).await
+    async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
+        Layer::exec_raw(self, id, exec).await
     }
 
-    /// The helper's kill, bounded by [`helper::KILL_ANSWER_TIMEOUT`]; a helper that does
-    /// not confirm it in time is retired (the next exec starts a new one). Without a
-    /// helper's kill, the engine kills by the exec marker, and continues the old helper
-    /// in case it was stopped (it then sees its closed stream and ends what it started).
-    async fn kill(&self) -> Result<()> {
-        match tokio::time::timeout(helper::KILL_ANSWER_TIMEOUT, self.session.kill(self.hid)).await {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => {
-                tracing::debug!(run = %self.fallback.id, "the helper cannot kill ({e}); killing by the exec marker");
-            }
-            Err(_) => {
-                tracing::warn!(run = %self.fallback.id, "the exec helper did not confirm a kill; replacing it, killing by the exec marker");
-                self.session
-                    .retire("the helper did not confirm a kill in time");
-            }
-        }
-        let wake = helper::wake(
-            &self.fallback.backend,
-            &self.fallback.id,
-            self.session.hello.pid,
-        );
-        tokio::join!(self.fallback.kill(), wake).0
-    }
-}
-
-/// How long the check that a run's target still runs may take, after an exec that did
-/// not succeed.
-const TARGET_CHECK_BOUND: Duration = Duration::from_secs(10);
-
-impl<B: Backend> Control<B> {
-    /// The status, unless the target vanished or stopped under the command: engines then
-    /// report an exit code of their own (137 on Docker, 126 on Kubernetes) or none, and
-    /// that is never the command's status, but [`ExitStatus::RunLost`]. Checked only when
-    /// the exec did not succeed, so a successful exec costs nothing more.
-    async fn unless_lost(&self, status: Result<ExitStatus>) -> Result<ExitStatus> {
-        if matches!(status, Ok(ExitStatus::Exited(0))) {
-            return status;
-        }
-        // A target being removed kills its processes before the engine marks it stopped:
-        // a SIGKILL (or no status) is looked at again for a moment.
-        let looks = if matches!(status, Ok(ExitStatus::Signaled(9)) | Err(_)) {
-            5
-        } else {
-            1
-        };
-        let give_up = tokio::time::Instant::now() + TARGET_CHECK_BOUND;
-        for look in 1..=looks {
-            match tokio::time::timeout_at(give_up, self.backend.attach_target(&self.id)).await {
-                Ok(Err(e)) if matches!(e.kind(), ErrorKind::RunLost | ErrorKind::NotFound) => {
-                    return Ok(ExitStatus::RunLost(e.to_string()));
-                }
-                Ok(Ok(())) if look < looks => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                other => {
-                    tracing::debug!(run = %self.id, "after {status:?} the target looks {other:?}");
-                    break;
-                }
-            }
-        }
-        status
-    }
-}
-
-/// Status and kill of one exec.
-struct Control<B: Backend> {
-    backend: B,
-    id: String,
-    marker: String,
-    /// The exec's user and env: the kill runs with them, so it may signal its processes.
-    user: Option<String>,
-    env: Vec<(String, String)>,
-    status: Box<dyn RawStatus>,
-}
-
-#[async_trait]
-impl<B: Backend> ExecControl for Control<B> {
-    async fn status(&self) -> Result<ExitStatus> {
-        let status = self.status.status().await;
-        self.unless_lost(status).await
+    async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
+        Layer::put_tar(self, id, dir, tar).await
     }
 
-    /// One more raw exec of [`KILL_SCRIPT`]: not an [`ExecStream`], so nothing kills it in
-    /// turn, and bounded in time.
-    async fn kill(&self) -> Result<()> {
-        let mut env = self.env.clone();
-        env.push((EXEC_ID_ENV.to_string(), format!("{}-kill", self.marker)));
-        let raw = RawExec {
-            argv: ["sh", "-c", KILL_SCRIPT, "runcell-kill", &self.marker]
-                .map(String::from)
-                .to_vec(),
-            env,
-            working_dir: Some("/".into()),
-            user: self.user.clone(),
-            stdin: Stdin::Null,
-        };
-        // What the kill says on stderr (which processes outlived it), kept bounded.
-        let mut said = Vec::new();
-        let kill = async {
-            let mut process = self.backend.exec_raw(&self.id, raw).await?;
-            drop(process.stdin.take());
-            while let Some(chunk) = process.output.next().await {
-                let chunk = chunk.map_err(|e| {
-                    Error::new(ErrorKind::Backend, "the kill exec broke").with_source(e)
-                })?;
-                if let crate::exec::OutputChunk::Stderr(b) = chunk {
-                    let room = 512usize.saturating_sub(said.len());
-                    said.extend_from_slice(&b[..b.len().min(room)]);
-                }
-            }
-            process.status.status().await
-        };
-        let status = tokio::time::timeout(KILL_EXEC_BOUND, kill)
-            .await
-            .map_err(|_| {
-                Error::new(ErrorKind::Timeout, "the kill exec did not end").with("run", &self.id)
-            })??;
-        if status.success() {
-            Ok(())
-        } else {
-            let said = String::from_utf8_lossy(&said);
-            let said = said.trim();
-            Err(Error::new(
-                ErrorKind::Backend,
-                if said.is_empty() {
-                    format!("the kill exec {status}")
-                } else {
-                    format!("the kill exec {status}: {said}")
-                },
-            )
-            .with("run", &self.id))
-        }
+    async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream> {
+        Layer::get_tar(self, id, path).await
     }
-}
 
-#[cfg(test)]
-mod overlay_tests {
-    use super::Overlay;
+    async fn prepare_target(&self, plan: &Plan<'_>) -> Result<()> {
+        Layer::prepare_target(self, plan).await
+    }
 
-    /// The settings file lives in the sandbox: a host path in it is neither written nor
-    /// believed.
-    #[test]
-    fn the_settings_file_never_carries_a_host_path() {
-        let forged = r#"{"env":[],"working_dir":null,"sync_back":["/etc","/workspace"]}"#;
-        let read: Overlay = serde_json::from_str(forged).unwrap();
-        assert!(read.sync_back.is_none());
-        let written = serde_json::to_string(&Overlay {
-            env: vec![("A".into(), "1".into())],
-            working_dir: None,
-            sync_back: Some(("/home/me/project".into(), "/workspace".into())),
-        })
-        .unwrap();
-        assert!(!written.contains("/home/me/project"), "{written}");
-        assert!(!written.contains("sync_back"), "{written}");
+    async fn put_executable(&self, id: &str, path: &str, contents: bytes::Bytes) -> Result<()> {
+        Layer::put_executable(self, id, path, contents).await
+    }
+
+    async fn diagnose(&self, id: &str) -> Vec<(&'static str, String)> {
+        Layer::diagnose(self, id).await
+    }
+
+    async fn before_stop(&self, id: &str) -> Result<()> {
+        Layer::before_stop(self, id).await
+    }
+
+    fn pool_id(&self, run_id: &str, state: PoolState) -> String {
+        Layer::pool_id(self, run_id, state)
+    }
+
+    async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
+        Layer::pool_mark_ready(self, run_id).await
+    }
+
+    async fn pool_ready_targets(&self, key: &str) -> Result<Vec<String>> {
+        Layer::pool_ready_targets(self, key).await
+    }
+
+    async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
+        Layer::pool_claim_target(self, plan).await
+    }
+
+    async fn pool_remove(&self, run_id: &str) -> Result<()> {
+        Layer::pool_remove(self, run_id).await
     }
 }

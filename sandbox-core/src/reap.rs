@@ -5,7 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::Result;
 use crate::labels::{self, Owner};
-use crate::run::{Driver, RunInfo};
+use crate::raw::RunInfo;
+use crate::run::Driver;
 
 /// Why [`reap`] removed a run.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! The run lifecycle: [`Driver`] creates runs, [`Run`] is one live sandbox.
+//! The user-facing traits: [`Driver`] creates runs, [`Run`] is one live sandbox,
+//! [`RunExt`] its conveniences.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,10 +10,10 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{DEFAULT_OUTPUT_LIMIT, ExecOutput, ExecStream};
 use crate::files::{self, ByteStream};
-use crate::guard::RunGuard;
-use crate::pool::Warm;
 use crate::progress::CreateOptions;
+use crate::raw::RunInfo;
 use crate::spec::{ExecSpec, RunSpec};
+use crate::warm::Warm;
 
 /// A backend that creates runs: one long-lived container or pod each.
 ///
@@ -209,37 +210,10 @@ pub(crate) async fn run_post_create(run: &dyn Run, spec: &RunSpec) -> Result<()>
     Ok(())
 }
 
-/// Conveniences over [`Driver`].
-#[async_trait]
-pub trait DriverExt: Driver {
-    /// Creates a run wrapped in a [`RunGuard`] that stops it on drop.
-    async fn start(&self, spec: &RunSpec) -> Result<RunGuard> {
-        Ok(RunGuard::new(self.create(spec).await?))
-    }
-
-    /// [`DriverExt::start`] with options (progress callback).
-    async fn start_with(&self, spec: &RunSpec, options: CreateOptions) -> Result<RunGuard> {
-        Ok(RunGuard::new(self.create_with(spec, options).await?))
-    }
-}
-
-impl<T: Driver + ?Sized> DriverExt for T {}
-
 /// A fresh run id: `sbx-` and 12 hex digits, valid as a container name and a
 /// Kubernetes object name.
 pub(crate) fn new_run_id() -> String {
     format!("sbx-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
-}
-
-/// What [`Driver::list`] reports of a run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunInfo {
-    /// The run id.
-    pub id: String,
-    /// Every label of the target (the library's and the caller's).
-    pub labels: BTreeMap<String, String>,
-    /// False once the target has exited or died (a target being created counts as running).
-    pub running: bool,
 }
 
 #[cfg(test)]

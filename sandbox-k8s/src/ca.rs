@@ -87,7 +87,7 @@ impl K8sDriver {
         let setup = ExecSpec::new(ca_setup_argv())
             .working_dir("/")
             .timeout(CA_SETUP_BOUND);
-        let out = runcell_core::raw::exec_in(self, id, setup)
+        let out = runcell_core::exec_in(self, id, setup)
             .await?
             .collect(CA_SETUP_OUTPUT)
             .await;

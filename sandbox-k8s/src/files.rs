@@ -1,5 +1,5 @@
 //! Files through exec: the API has no archive endpoint, so `tar` runs in the pod (the
-//! image needs it), every exec through core ([`runcell_core::raw::exec_in`]: marker,
+//! image needs it), every exec through core ([`runcell_core::exec_in`]: marker,
 //! timeout, kill). Archives go in as streaming stdin on v5, buffered (up to
 //! [`FRAMED_ARCHIVE_LIMIT`]) on v4, and come out as a stream. The workspace is seeded from
 //! the host directory at create and copied back on request or at stop.
@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use futures::{StreamExt, TryStreamExt};
-use runcell_core::raw::exec_in;
+use runcell_core::exec_in;
 use runcell_core::{
     ByteStream, Error, ErrorKind, ExecOutput, ExecSpec, OutputChunk, Result, files,
 };

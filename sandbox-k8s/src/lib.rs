@@ -405,7 +405,7 @@ impl Backend for K8sDriver {
         let spec = ExecSpec::new(["sh", "-c", SCRIPT, "sh", path])
             .stdin_bytes(contents)
             .timeout(std::time::Duration::from_secs(60));
-        let out = runcell_core::raw::exec_in(self, id, spec)
+        let out = runcell_core::exec_in(self, id, spec)
             .await?
             .collect(4096)
             .await;

@@ -523,7 +523,7 @@ mod tests {
                 .keys()
                 .cloned()
                 .collect::<std::collections::BTreeSet<_>>(),
-            l::pooled_keys(&shape)
+            l::pooled_keys(shape.ttl, &shape.labels)
         );
         let template = PodTemplate {
             labels: BTreeMap::from([("example.com/tier".into(), "sandbox".into())]),
@@ -542,7 +542,7 @@ mod tests {
         );
         run.insert(l::POOL.into(), "k".into());
         run.insert(l::POOL_STATE.into(), l::POOL_CLAIMED.into());
-        let stale: Vec<String> = l::pooled_keys(&shape)
+        let stale: Vec<String> = l::pooled_keys(shape.ttl, &shape.labels)
             .into_iter()
             .filter(|k| !run.contains_key(k))
             .collect();

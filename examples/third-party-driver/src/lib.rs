@@ -2,14 +2,15 @@
 //! (here the Docker driver's) and counts the execs each run makes, logging the program
 //! name only (never arguments, which may hold secrets).
 //!
-//! A driver implements [`Backend`] only: core turns it into a [`runcell_core::Driver`]
-//! and runs every shared step (validation, capabilities, labels, cleanup, liveness,
-//! post-create, the exec pump, timeouts and the kill) for it.
+//! A driver implements [`runcell_core::raw::Backend`] only: core turns it into a
+//! [`runcell_core::Driver`] and runs every shared step (validation, capabilities, labels,
+//! cleanup, liveness, post-create, the exec pump, timeouts and the kill) for it.
 //!
-//! A wrapper forwards every method, the defaulted ones too (set-up, stop and warm-pool
-//! hooks): it forwards [`Backend::supports`], so the capabilities it declares are the inner
-//! backend's, and a forgotten hook would break what they promise (the suite's pool cases
-//! fail for a wrapper that declares pools without forwarding the pool hooks).
+//! A driver that wraps another backend implements [`Layer`] instead: every method it does
+//! not write forwards to the inner backend (the defaulted ones too: set-up, stop and the
+//! warm-pool hooks), so the capabilities it passes on from the inner backend keep working.
+//! This one writes only what adds behaviour: the exec count, and forgetting it when a run
+//! or a pooled target is removed.
 //!
 //! It registers itself through the registry, so an engine finds it by name:
 //! `runcell_core::connect("audit", DriverConfig::from_env("audit"))`, and it passes the
@@ -20,8 +21,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use runcell_core::raw::{Backend, Plan, PoolState, RawExec, RawProcess};
-use runcell_core::{ByteStream, Capabilities, Driver, DriverConfig, Result, RunInfo};
+use runcell_core::raw::{Backend, Layer, RawExec, RawProcess};
+use runcell_core::{Driver, DriverConfig, Result};
 use runcell_docker::{DockerConfig, DockerDriver};
 
 runcell_core::register_driver!(
@@ -76,23 +77,12 @@ impl AuditDriver {
 }
 
 #[async_trait]
-impl Backend for AuditDriver {
+impl Layer for AuditDriver {
     const NAME: &'static str = "audit";
+    type Inner = DockerDriver;
 
-    fn supports(&self) -> Capabilities {
-        self.inner.supports()
-    }
-
-    async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
-        self.inner.create_target(plan).await
-    }
-
-    async fn attach_target(&self, id: &str) -> Result<()> {
-        self.inner.attach_target(id).await
-    }
-
-    async fn list_targets(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
-        self.inner.list_targets(selector).await
+    fn inner(&self) -> &DockerDriver {
+        &self.inner
     }
 
     async fn remove_target(&self, id: &str) -> Result<()> {
@@ -114,51 +104,6 @@ impl Backend for AuditDriver {
             "exec"
         );
         self.inner.exec_raw(id, exec).await
-    }
-
-    async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {
-        self.inner.put_tar(id, dir, tar).await
-    }
-
-    async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream> {
-        self.inner.get_tar(id, path).await
-    }
-
-    async fn prepare_target(&self, plan: &Plan<'_>) -> Result<()> {
-        self.inner.prepare_target(plan).await
-    }
-
-    async fn put_executable(
-        &self,
-        id: &str,
-        path: &str,
-        contents: runcell_core::Bytes,
-    ) -> Result<()> {
-        self.inner.put_executable(id, path, contents).await
-    }
-
-    async fn diagnose(&self, id: &str) -> Vec<(&'static str, String)> {
-        self.inner.diagnose(id).await
-    }
-
-    async fn before_stop(&self, id: &str) -> Result<()> {
-        self.inner.before_stop(id).await
-    }
-
-    fn pool_id(&self, run_id: &str, state: PoolState) -> String {
-        self.inner.pool_id(run_id, state)
-    }
-
-    async fn pool_mark_ready(&self, run_id: &str) -> Result<()> {
-        self.inner.pool_mark_ready(run_id).await
-    }
-
-    async fn pool_ready_targets(&self, key: &str) -> Result<Vec<String>> {
-        self.inner.pool_ready_targets(key).await
-    }
-
-    async fn pool_claim_target(&self, plan: &Plan<'_>) -> Result<bool> {
-        self.inner.pool_claim_target(plan).await
     }
 
     async fn pool_remove(&self, run_id: &str) -> Result<()> {

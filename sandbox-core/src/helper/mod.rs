@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::raw::{Backend, RawExec};
 use crate::spec::Stdin;
+
+pub use crate::spec::{EXEC_HELPER_ENV, ExecHelper};
 
 pub(crate) mod files;
 #[path = "../../helper/proto.rs"]
@@ -37,45 +37,10 @@ mod embedded {
 pub const HELPER_DIR: &str = "/.runcell";
 /// Where core places the helper binary.
 pub const HELPER_PATH: &str = "/.runcell/helper";
-/// The environment variable that sets the default [`ExecHelper`] mode of runs whose spec
-/// leaves it at `auto` (and of attached runs): `auto`, `required` or `off`.
-pub const EXEC_HELPER_ENV: &str = "RUNCELL_EXEC_HELPER";
-
 /// How long a helper may take to answer its first frame (it greets within milliseconds of
 /// its start; a helper that does not is replaced by the plain path, or fails a run that
 /// requires it).
 pub(crate) const GREETING_TIMEOUT: Duration = Duration::from_secs(8);
-
-/// Whether a run's execs go through the in-sandbox helper.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum ExecHelper {
-    /// The helper where it can run (an image of the host's architecture with a writable
-    /// helper directory), the plain exec path otherwise. [`EXEC_HELPER_ENV`] may change
-    /// this default.
-    #[default]
-    Auto,
-    /// The helper or nothing: a run whose helper cannot start fails with
-    /// [`ErrorKind::StartFailed`].
-    Required,
-    /// Always the plain exec path (one engine exec per command).
-    Off,
-}
-
-impl ExecHelper {
-    /// The mode to use: `Auto` defers to [`EXEC_HELPER_ENV`] when it is set.
-    pub(crate) fn effective(self) -> ExecHelper {
-        match self {
-            ExecHelper::Auto => match std::env::var(EXEC_HELPER_ENV).as_deref() {
-                Ok("off" | "plain") => ExecHelper::Off,
-                Ok("required" | "helper") => ExecHelper::Required,
-                _ => ExecHelper::Auto,
-            },
-            other => other,
-        }
-    }
-}
 
 /// Which path a run's execs take ([`crate::Run::exec_path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

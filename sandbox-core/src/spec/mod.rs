@@ -11,6 +11,7 @@
 
 mod env;
 mod exec;
+mod helper_mode;
 mod image;
 mod proxy;
 mod resources;
@@ -27,6 +28,7 @@ use crate::error::{Error, Result};
 use env::{EnvNames, MAX_ENV_TOTAL, validate_abs_path, validate_argv, validate_env, validate_user};
 
 pub use exec::{ExecSpec, Stdin};
+pub use helper_mode::{EXEC_HELPER_ENV, ExecHelper};
 pub use image::{could_be_id_prefix, qualified_name, validate_image};
 pub use proxy::Proxy;
 pub use resources::{MIN_MEMORY_BYTES, Network, PullPolicy, Resources, Security};
@@ -66,7 +68,7 @@ pub struct RunSpec {
     /// Maximum lifetime of the run; past it, the backend or the next reap removes it.
     pub ttl: Option<Duration>,
     /// Whether execs go through the in-sandbox helper (default: where it can run).
-    pub exec_helper: crate::helper::ExecHelper,
+    pub exec_helper: ExecHelper,
 }
 
 impl RunSpec {
@@ -182,7 +184,7 @@ impl RunSpec {
 
     /// Chooses the exec path: the in-sandbox helper where it can run (default), always,
     /// or never.
-    pub fn exec_helper(mut self, mode: crate::helper::ExecHelper) -> Self {
+    pub fn exec_helper(mut self, mode: ExecHelper) -> Self {
         self.exec_helper = mode;
         self
     }

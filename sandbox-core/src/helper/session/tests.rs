@@ -1,0 +1,396 @@
+//! A fake peer speaks for the helper: whatever numbers and sizes it sends, the host
+//! stays bounded and never panics.
+
+use super::*;
+
+struct FakeStatus;
+
+#[async_trait]
+impl RawStatus for FakeStatus {
+    async fn status(&self) -> Result<ExitStatus> {
+        Ok(ExitStatus::Exited(0))
+    }
+}
+
+struct Peer {
+    out: Option<mpsc::UnboundedSender<io::Result<OutputChunk>>>,
+    input: tokio::io::DuplexStream,
+    buf: Vec<u8>,
+}
+
+impl Peer {
+    fn send(&self, frame: Vec<u8>) {
+        if let Some(out) = &self.out {
+            let _ = out.send(Ok(OutputChunk::Stdout(frame.into())));
+        }
+    }
+
+    fn stderr(&self, b: Bytes) {
+        if let Some(out) = &self.out {
+            let _ = out.send(Ok(OutputChunk::Stderr(b)));
+        }
+    }
+
+    /// Ends the helper's output (the helper exited).
+    fn hang_up(&mut self) {
+        self.out = None;
+    }
+
+    /// The next frame from the host, skipping `PING`s and `CREDIT`s.
+    async fn expect(&mut self, kind: u8) -> (u32, Vec<u8>) {
+        loop {
+            if let Ok(Some((k, id, payload, n))) = proto::split_frame(&self.buf) {
+                let frame = (k, id, payload.to_vec());
+                self.buf.drain(..n);
+                if frame.0 == kind {
+                    return (frame.1, frame.2);
+                }
+                assert!(
+                    matches!(frame.0, proto::PING | proto::CREDIT),
+                    "expected kind {kind}, got {}",
+                    frame.0
+                );
+                continue;
+            }
+            let mut chunk = vec![0u8; 64 * 1024];
+            let n = self.input.read(&mut chunk).await.expect("host stream");
+            assert!(n > 0, "the host closed the stream");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn fake() -> (RawProcess, Peer) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let output = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed();
+    let (near, far) = tokio::io::duplex(1 << 20);
+    (
+        RawProcess {
+            output,
+            stdin: Some(Box::pin(near)),
+            status: Box::new(FakeStatus),
+        },
+        Peer {
+            out: Some(tx),
+            input: far,
+            buf: Vec::new(),
+        },
+    )
+}
+
+fn hello() -> Vec<u8> {
+    let mut e = Enc::frame(proto::HELLO, 0);
+    Hello {
+        version: proto::VERSION,
+        pid: 7,
+        uid: 0,
+        gid: 0,
+        size: 1,
+        digest: 2,
+    }
+    .encode(&mut e);
+    e.finish()
+}
+
+fn frame_u32(kind: u8, id: u32, v: u32) -> Vec<u8> {
+    let mut e = Enc::frame(kind, id);
+    e.u32(v);
+    e.finish()
+}
+
+fn data(kind: u8, id: u32, n: usize) -> Vec<u8> {
+    let mut e = Enc::frame(kind, id);
+    e.raw(&vec![b'x'; n]);
+    e.finish()
+}
+
+async fn opened() -> (Arc<Session>, Peer) {
+    let (process, peer) = fake();
+    peer.send(hello());
+    let session = Session::open(process, Duration::from_secs(5))
+        .await
+        .expect("greeting");
+    (Arc::new(session), peer)
+}
+
+fn exec(stdin: Stdin) -> RawExec {
+    let mut raw = RawExec::new(["cat"]);
+    raw.stdin = stdin;
+    raw
+}
+
+/// A started exec: the peer answered its `SPAWN` with `STARTED`.
+async fn started(session: &Arc<Session>, peer: &mut Peer, stdin: Stdin) -> (u32, RawProcess) {
+    let spawn = {
+        let session = session.clone();
+        tokio::spawn(async move { session.spawn(&exec(stdin), None).await })
+    };
+    let (id, _) = peer.expect(proto::SPAWN).await;
+    peer.send(frame_u32(proto::STARTED, id, 42));
+    let (hid, process) = spawn.await.unwrap().expect("spawn");
+    assert_eq!(hid, id);
+    (id, process)
+}
+
+async fn dead_within(session: &Session, within: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(why) = session.dead() {
+            return why;
+        }
+        assert!(start.elapsed() < within, "the session is still alive");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn first_error(process: &mut RawProcess) -> String {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), process.output.next()).await {
+            Ok(Some(Ok(_))) => continue,
+            Ok(Some(Err(e))) => return e.to_string(),
+            Ok(None) => panic!("the output ended without an error"),
+            Err(_) => panic!("the output never ended"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn stdin_acks_near_u32_max_drop_the_connection_without_a_panic() {
+    for ack in [u32::MAX, u32::MAX - 1, proto::STDIN_WINDOW + 1, 1] {
+        let (session, mut peer) = opened().await;
+        let (id, mut process) = started(&session, &mut peer, Stdin::Piped).await;
+        // Nothing was sent on stdin: even one acknowledged byte is a lie.
+        peer.send(frame_u32(proto::STDIN_ACK, id, ack));
+        let why = dead_within(&session, Duration::from_secs(5)).await;
+        assert!(why.contains("acknowledged"), "{why}");
+        assert!(first_error(&mut process).await.contains("acknowledged"));
+        // Still usable as a value: no poisoned lock, no panic.
+        assert!(session.kill(id).await.is_err());
+    }
+}
+
+#[tokio::test]
+async fn output_beyond_the_credit_drops_the_connection() {
+    let (session, mut peer) = opened().await;
+    let (id, mut process) = started(&session, &mut peer, Stdin::Null).await;
+    let frames = proto::INITIAL_CREDIT as usize / proto::CHUNK;
+    for _ in 0..frames {
+        peer.send(data(proto::STDOUT, id, proto::CHUNK));
+    }
+    peer.send(data(proto::STDERR, id, 1));
+    let why = dead_within(&session, Duration::from_secs(5)).await;
+    assert!(why.contains("more output"), "{why}");
+    let mut got = 0;
+    loop {
+        match process.output.next().await {
+            Some(Ok(OutputChunk::Stdout(b) | OutputChunk::Stderr(b))) => got += b.len(),
+            Some(Err(_)) => break,
+            None => panic!("no error"),
+        }
+    }
+    assert!(got <= proto::INITIAL_CREDIT as usize);
+}
+
+#[tokio::test]
+async fn huge_lengths_are_refused_not_allocated() {
+    let (session, peer) = opened().await;
+    let mut frame = u32::MAX.to_le_bytes().to_vec();
+    frame.extend_from_slice(&[proto::STDOUT, 1, 0, 0, 0]);
+    peer.send(frame);
+    let why = dead_within(&session, Duration::from_secs(5)).await;
+    assert!(why.contains("malformed"), "{why}");
+
+    // A string length past its payload, and a protocol error of 4 MiB of text.
+    let (session, mut peer) = opened().await;
+    let (id, _process) = started(&session, &mut peer, Stdin::Null).await;
+    let mut e = Enc::frame(proto::SPAWN_ERROR, id);
+    e.u8(1).u32(u32::MAX);
+    peer.send(e.finish());
+    let why = dead_within(&session, Duration::from_secs(5)).await;
+    assert!(why.contains("malformed"), "{why}");
+
+    let (session, peer) = opened().await;
+    let mut e = Enc::frame(proto::PROTOCOL_ERROR, 0);
+    e.bytes(&vec![b'y'; proto::MAX_PAYLOAD - 4]);
+    peer.send(e.finish());
+    let why = dead_within(&session, Duration::from_secs(5)).await;
+    assert!(why.len() < PEER_TEXT + 200, "{} bytes kept", why.len());
+}
+
+#[tokio::test]
+async fn started_twice_drops_the_connection() {
+    let (session, mut peer) = opened().await;
+    let (id, _process) = started(&session, &mut peer, Stdin::Null).await;
+    for _ in 0..1000 {
+        peer.send(frame_u32(proto::STARTED, id, 42));
+    }
+    let why = dead_within(&session, Duration::from_secs(5)).await;
+    assert!(why.contains("STARTED"), "{why}");
+    // A file operation never gets one.
+    let (session, mut peer) = opened().await;
+    let (id, _events, _) = session.file_op(proto::GET, "/x").unwrap();
+    peer.expect(proto::GET).await;
+    peer.send(frame_u32(proto::STARTED, id, 1));
+    let why = dead_within(&session, Duration::from_secs(5)).await;
+    assert!(why.contains("STARTED"), "{why}");
+}
+
+#[test]
+fn tiny_frames_cannot_multiply_queued_items() {
+    let mailbox = Mailbox::default();
+    let n = 200_000;
+    for i in 0..n {
+        let b = Bytes::from_static(b"z");
+        mailbox.push(Event::Out(if i % 2 == 0 {
+            OutputChunk::Stdout(b)
+        } else {
+            OutputChunk::Stderr(b)
+        }));
+    }
+    assert!(
+        mailbox.len() <= MAX_QUEUED,
+        "{} items queued",
+        mailbox.len()
+    );
+    mailbox.close();
+    let (mut out, mut err) = (0, 0);
+    while let Ok(Some(event)) = mailbox.try_recv() {
+        match event {
+            Event::Out(OutputChunk::Stdout(b)) => out += b.len(),
+            Event::Out(OutputChunk::Stderr(b)) => err += b.len(),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((out, err), (n / 2, n / 2), "bytes were lost or added");
+}
+
+#[tokio::test]
+async fn the_greeting_keeps_bounded_stderr_and_refuses_a_huge_first_frame() {
+    let (process, mut peer) = fake();
+    let flood = Bytes::from(vec![b'e'; 64 * 1024]);
+    for _ in 0..256 {
+        peer.stderr(flood.clone());
+    }
+    peer.hang_up();
+    let err = Session::open(process, Duration::from_secs(5))
+        .await
+        .expect_err("no greeting");
+    let text = err.to_string();
+    assert!(text.contains("more bytes"), "{text}");
+    assert!(text.len() < GREETING_STDERR + 300, "{} bytes", text.len());
+
+    let (process, peer) = fake();
+    let mut frame = (proto::MAX_PAYLOAD as u32).to_le_bytes().to_vec();
+    frame.push(proto::HELLO);
+    peer.send(frame);
+    let err = tokio::time::timeout(
+        Duration::from_secs(5),
+        Session::open(process, Duration::from_secs(60)),
+    )
+    .await
+    .expect("a huge greeting waited for its bytes")
+    .expect_err("a huge greeting");
+    assert!(err.to_string().contains("malformed greeting"), "{err}");
+
+    let (process, peer) = fake();
+    peer.send(frame_u32(proto::STARTED, 1, 1));
+    let err = Session::open(process, Duration::from_secs(60))
+        .await
+        .expect_err("no greeting");
+    assert!(err.to_string().contains("did not greet"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_helper_that_never_greets_fails_at_the_bound() {
+    let (process, _peer) = fake();
+    let start = Instant::now();
+    let err = Session::open(process, Duration::from_secs(8))
+        .await
+        .expect_err("no greeting");
+    assert!(err.to_string().contains("did not greet"), "{err}");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(8) && took < Duration::from_secs(9),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spawn_unanswered_by_its_deadline_retires_the_session() {
+    let (session, mut peer) = opened().await;
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(3);
+    let spawn = {
+        let session = session.clone();
+        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), Some(deadline)).await })
+    };
+    peer.expect(proto::SPAWN).await;
+    let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(3) && took <= Duration::from_secs(3) + ANSWER_GRACE,
+        "{took:?}"
+    );
+    let why = session.dead().expect("the session is retired");
+    assert!(why.contains("deadline"), "{why}");
+    // The pump times it out (the deadline passed): no output, no end of its own.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), process.output.next())
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spawn_never_answered_may_have_run() {
+    let (session, mut peer) = opened().await;
+    let start = Instant::now();
+    let spawn = {
+        let session = session.clone();
+        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None).await })
+    };
+    peer.expect(proto::SPAWN).await;
+    let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
+    assert!(start.elapsed() <= ANSWER_TIMEOUT, "{:?}", start.elapsed());
+    assert!(first_error(&mut process).await.contains("may have run"));
+    assert!(session.dead().is_some());
+}
+
+#[tokio::test]
+async fn a_helper_lost_after_a_spawn_may_have_run() {
+    let (session, mut peer) = opened().await;
+    let spawn = {
+        let session = session.clone();
+        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None).await })
+    };
+    peer.expect(proto::SPAWN).await;
+    peer.hang_up();
+    let (_, mut process) = spawn
+        .await
+        .unwrap()
+        .expect("not an error: the command may have run");
+    let why = first_error(&mut process).await;
+    assert!(why.contains("may have run"), "{why}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_helper_that_stops_answering_pings_is_dropped() {
+    let (session, mut peer) = opened().await;
+    let start = Instant::now();
+    // Answered pings keep it.
+    for _ in 0..10 {
+        peer.expect(proto::PING).await;
+        peer.send(Enc::frame(proto::PONG, 0).finish());
+    }
+    assert!(session.dead().is_none());
+    let (_, mut process) = started(&session, &mut peer, Stdin::Null).await;
+    let stopped = Instant::now();
+    let why = first_error(&mut process).await;
+    assert!(why.contains("ping"), "{why}");
+    let took = stopped.elapsed();
+    assert!(took <= PING_INTERVAL + PING_TIMEOUT, "{took:?}");
+    assert!(start.elapsed() > Duration::from_secs(18));
+}

@@ -1,0 +1,170 @@
+//! The status and kill of one exec: [`Control`] on the plain path (the status checked
+//! against the target, the kill by the exec marker through one more raw exec), and
+//! [`HelperControl`] through the helper (its kill, falling back to the plain one).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::{EXEC_ID_ENV, ExecControl, ExitStatus, KILL_SCRIPT};
+use crate::helper::{self, Session};
+use crate::raw::{Backend, RawExec, RawStatus};
+use crate::spec::Stdin;
+
+/// How long a kill exec may take before it is abandoned (the script ends within ~1.5 s).
+const KILL_EXEC_BOUND: Duration = Duration::from_secs(8);
+
+/// Status and kill of one exec through the helper. When the helper is gone (its stream
+/// broke, or it was killed), the kill falls back to the plain path's [`KILL_SCRIPT`] by
+/// the exec marker, so a dead helper leaves no process behind.
+pub(super) struct HelperControl<B: Backend> {
+    pub(super) session: Arc<Session>,
+    pub(super) hid: u32,
+    /// The status (from the helper) and the plain kill.
+    pub(super) fallback: Control<B>,
+}
+
+#[async_trait]
+impl<B: Backend> ExecControl for HelperControl<B> {
+    async fn status(&self) -> Result<ExitStatus> {
+        let status = self.fallback.status.status().await;
+        self.fallback.unless_lost(status).await
+    }
+
+    /// The helper's kill, bounded by [`helper::KILL_ANSWER_TIMEOUT`]; a helper that does
+    /// not confirm it in time is retired (the next exec starts a new one). Without a
+    /// helper's kill, the engine kills by the exec marker, and continues the old helper
+    /// in case it was stopped (it then sees its closed stream and ends what it started).
+    async fn kill(&self) -> Result<()> {
+        match tokio::time::timeout(helper::KILL_ANSWER_TIMEOUT, self.session.kill(self.hid)).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => {
+                tracing::debug!(run = %self.fallback.id, "the helper cannot kill ({e}); killing by the exec marker");
+            }
+            Err(_) => {
+                tracing::warn!(run = %self.fallback.id, "the exec helper did not confirm a kill; replacing it, killing by the exec marker");
+                self.session
+                    .retire("the helper did not confirm a kill in time");
+            }
+        }
+        let wake = helper::wake(
+            &self.fallback.backend,
+            &self.fallback.id,
+            self.session.hello.pid,
+        );
+        tokio::join!(self.fallback.kill(), wake).0
+    }
+}
+
+/// How long the check that a run's target still runs may take, after an exec that did
+/// not succeed.
+pub(super) const TARGET_CHECK_BOUND: Duration = Duration::from_secs(10);
+
+impl<B: Backend> Control<B> {
+    /// The status, unless the target vanished or stopped under the command: engines then
+    /// report an exit code of their own (137 on Docker, 126 on Kubernetes) or none, and
+    /// that is never the command's status, but [`ExitStatus::RunLost`]. Checked only when
+    /// the exec did not succeed, so a successful exec costs nothing more.
+    async fn unless_lost(&self, status: Result<ExitStatus>) -> Result<ExitStatus> {
+        if matches!(status, Ok(ExitStatus::Exited(0))) {
+            return status;
+        }
+        // A target being removed kills its processes before the engine marks it stopped:
+        // a SIGKILL (or no status) is looked at again for a moment.
+        let looks = if matches!(status, Ok(ExitStatus::Signaled(9)) | Err(_)) {
+            5
+        } else {
+            1
+        };
+        let give_up = tokio::time::Instant::now() + TARGET_CHECK_BOUND;
+        for look in 1..=looks {
+            match tokio::time::timeout_at(give_up, self.backend.attach_target(&self.id)).await {
+                Ok(Err(e)) if matches!(e.kind(), ErrorKind::RunLost | ErrorKind::NotFound) => {
+                    return Ok(ExitStatus::RunLost(e.to_string()));
+                }
+                Ok(Ok(())) if look < looks => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => {
+                    tracing::debug!(run = %self.id, "after {status:?} the target looks {other:?}");
+                    break;
+                }
+            }
+        }
+        status
+    }
+}
+
+/// Status and kill of one exec.
+pub(super) struct Control<B: Backend> {
+    pub(super) backend: B,
+    pub(super) id: String,
+    pub(super) marker: String,
+    /// The exec's user and env: the kill runs with them, so it may signal its processes.
+    pub(super) user: Option<String>,
+    pub(super) env: Vec<(String, String)>,
+    pub(super) status: Box<dyn RawStatus>,
+}
+
+#[async_trait]
+impl<B: Backend> ExecControl for Control<B> {
+    async fn status(&self) -> Result<ExitStatus> {
+        let status = self.status.status().await;
+        self.unless_lost(status).await
+    }
+
+    /// One more raw exec of [`KILL_SCRIPT`]: not an [`ExecStream`], so nothing kills it in
+    /// turn, and bounded in time.
+    async fn kill(&self) -> Result<()> {
+        let mut env = self.env.clone();
+        env.push((EXEC_ID_ENV.to_string(), format!("{}-kill", self.marker)));
+        let raw = RawExec {
+            argv: ["sh", "-c", KILL_SCRIPT, "runcell-kill", &self.marker]
+                .map(String::from)
+                .to_vec(),
+            env,
+            working_dir: Some("/".into()),
+            user: self.user.clone(),
+            stdin: Stdin::Null,
+        };
+        // What the kill says on stderr (which processes outlived it), kept bounded.
+        let mut said = Vec::new();
+        let kill = async {
+            let mut process = self.backend.exec_raw(&self.id, raw).await?;
+            drop(process.stdin.take());
+            while let Some(chunk) = process.output.next().await {
+                let chunk = chunk.map_err(|e| {
+                    Error::new(ErrorKind::Backend, "the kill exec broke").with_source(e)
+                })?;
+                if let crate::exec::OutputChunk::Stderr(b) = chunk {
+                    let room = 512usize.saturating_sub(said.len());
+                    said.extend_from_slice(&b[..b.len().min(room)]);
+                }
+            }
+            process.status.status().await
+        };
+        let status = tokio::time::timeout(KILL_EXEC_BOUND, kill)
+            .await
+            .map_err(|_| {
+                Error::new(ErrorKind::Timeout, "the kill exec did not end").with("run", &self.id)
+            })??;
+        if status.success() {
+            Ok(())
+        } else {
+            let said = String::from_utf8_lossy(&said);
+            let said = said.trim();
+            Err(Error::new(
+                ErrorKind::Backend,
+                if said.is_empty() {
+                    format!("the kill exec {status}")
+                } else {
+                    format!("the kill exec {status}: {said}")
+                },
+            )
+            .with("run", &self.id))
+        }
+    }
+}
