@@ -259,6 +259,39 @@ impl Helper {
             child.stderr.take().map(|p| File::from(OwnedFd::from(p))),
         ];
         drop(child); // Never waited on: the reaper owns waiting.
+        // The shepherd's answer is awaited on a thread of its own: a shepherd that a
+        // process of its uid stopped must not hold the frame reader (every other exec)
+        // for the answer's bound.
+        let started = {
+            let ex = ex.clone();
+            start_thread("spawn", move || {
+                self.finish_spawn(id, &ex, mine, order, stdin, pipes, wake_r)
+            })
+        };
+        if !started {
+            lock(&ex.st).done = true;
+            ex.cv.notify_all();
+            ex.order_kill(true);
+            lock(&self.reg).execs.remove(&id);
+            return Err((SpawnError::Resources, "cannot start a thread".into()));
+        }
+        Ok(())
+    }
+
+    /// Sends the shepherd its order, waits (bounded) for its answer, starts the exec's
+    /// threads and sends `STARTED`; on a failure sends `SPAWN_ERROR` and abandons the exec
+    /// (its shepherd killed).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_spawn(
+        &'static self,
+        id: u32,
+        ex: &Arc<Exec>,
+        mine: UnixStream,
+        order: Vec<u8>,
+        stdin: Option<File>,
+        pipes: [Option<File>; 2],
+        wake_r: io::PipeReader,
+    ) {
         let mut reader = mine;
         let answer = reader
             .set_write_timeout(Some(SHEPHERD_ANSWER))
@@ -266,12 +299,14 @@ impl Helper {
             .and_then(|()| reader.write_all(&order))
             .and_then(|()| shepherd::read_frame(&mut reader));
         drop(order);
+        // SPAWN_ERROR first, then the exec is over: a kill waiting for the spawn to end
+        // answers after it.
         let abandon = |kind: SpawnError, msg: String| {
+            self.send_spawn_error(id, kind, &msg);
             lock(&ex.st).done = true;
             ex.cv.notify_all();
             ex.order_kill(true);
             lock(&self.reg).execs.remove(&id);
-            Err((kind, msg))
         };
         let root = match answer {
             Ok(Some((shepherd::STARTED, p))) if p.len() == 4 => {
@@ -309,7 +344,6 @@ impl Helper {
             st.started = true;
         }
         ex.cv.notify_all();
-        Ok(())
     }
 
     /// Resolves user, environment, working directory and program of a `SPAWN`.
@@ -469,6 +503,9 @@ impl Helper {
     pub(crate) fn kill_exec(&'static self, id: u32) {
         let mut all_gone = true;
         if let Some(ex) = self.exec(id) {
+            // Its spawn ends first (bounded): the shepherd gets its order before any kill,
+            // and `STARTED` or `SPAWN_ERROR` goes out before `KILLED`.
+            ex.wait_started();
             // A shepherd stopped from inside (`kill -STOP $PPID`) would never kill: it is
             // this helper's child, so its pid is its own until reaped.
             sys::signal(ex.shepherd, sys::SIGCONT);
@@ -844,6 +881,7 @@ mod tests {
         // A shepherd that exits: a graceful kill order, then KILLED 1.
         let (ex, mut theirs, _reader, _wake) = Exec::for_tests(41, false);
         let ex = Arc::new(ex);
+        ex.started_for_tests();
         h.register_for_tests(&ex, i32::MAX);
         lock(&ex.st).shepherd_status = Some(0);
         h.kill_exec(41);
@@ -852,7 +890,9 @@ mod tests {
 
         // A shepherd that never exits: KILLED 0 once the confirmation's time is up.
         let (ex, mut theirs, _reader, _wake) = Exec::for_tests(42, false);
-        h.register_for_tests(&Arc::new(ex), i32::MAX - 1);
+        let ex = Arc::new(ex);
+        ex.started_for_tests();
+        h.register_for_tests(&ex, i32::MAX - 1);
         let started = Instant::now();
         h.kill_exec(42);
         assert!(started.elapsed() >= KILL_CONFIRM);
