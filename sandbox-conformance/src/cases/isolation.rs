@@ -24,7 +24,7 @@ use runcell_core::{
 };
 
 use super::robustness::wait_gone;
-use crate::{Context, sh_stdout};
+use crate::{Context, sh_ok, sh_stdout};
 
 include!(concat!(env!("OUT_DIR"), "/probe_bin.rs"));
 
@@ -225,8 +225,11 @@ pub async fn one_execs_kill_never_reaches_another_execs_processes(
         )
         .await?;
     let a_pid = first_line(&mut a).await?;
+    // Exec B keeps its probe until the case has looked at it (at most 60 s): a fixed
+    // wait raced exec A's kill on a loaded machine, and B's own kill then looked like A's.
     let script = format!(
-        "{PROBE_PATH} join {a_pid} > /tmp/isolation-join.txt & p=$!; echo $p; sleep 6; \
+        "{PROBE_PATH} join {a_pid} > /tmp/isolation-join.txt & p=$!; echo $p; i=0; \
+         while [ ! -e /tmp/isolation-checked ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done; \
          kill -0 $p && echo probe-alive; kill $p; exit 6"
     );
     let b = run.exec_stream(ExecSpec::new(["sh", "-c", &script]).timeout(Duration::from_secs(60)));
@@ -247,6 +250,7 @@ pub async fn one_execs_kill_never_reaches_another_execs_processes(
         alive(&*run, &probe).await?,
         "exec A's kill reached exec B's process {probe}; it had tried:\n{joined}"
     );
+    sh_ok(&*run, "touch /tmp/isolation-checked").await?;
     let mut rest = Vec::new();
     while let Some(chunk) = b.next_chunk().await {
         if let OutputChunk::Stdout(d) = chunk {
