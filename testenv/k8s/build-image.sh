@@ -3,7 +3,7 @@
 # FROM scratch plus Debian's static busybox, with applet symlinks in /bin.
 # Usage: build-image.sh [--force]
 set -euo pipefail
-image=${SANDBOX_TEST_IMAGE:-sandbox-test/busybox:latest}
+image=${RUNCELL_TEST_IMAGE:-sandbox-test/busybox:latest}
 if [[ ${1:-} != --force ]] && docker image inspect "$image" >/dev/null 2>&1; then
   echo "$image already present"
   exit 0

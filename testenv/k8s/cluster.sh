@@ -10,18 +10,20 @@
 #           (etcd data, pod volumes, pid files). Binaries and certificates are kept.
 #   status  show which processes run and whether the node is Ready (exit 0 if up).
 #
-# Environment (prefix RUNCELL_TESTENV_: SANDBOX_K8S_* is the k8s driver's config, and
-# the driver rejects every SANDBOX_K8S_* variable that is not one of its keys):
+# Environment (prefix RUNCELL_TESTENV_: RUNCELL_K8S_* is the k8s driver's config, and
+# the driver rejects every RUNCELL_K8S_* variable that is not one of its keys):
 #   RUNCELL_TESTENV_STATE          state dir (default: <repo>/target/k8s)
 #   RUNCELL_TESTENV_API_PORT       kube-apiserver port (default 6443)
 #   RUNCELL_TESTENV_READY_TIMEOUT  seconds to wait for the node (default 180)
 #   GO                             go binary (default: go in PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
+# The names these had before, which the k8s driver still reads (deprecated) as its own
+# config, rejecting them as unknown keys.
 for old in SANDBOX_K8S_STATE SANDBOX_K8S_API_PORT SANDBOX_K8S_READY_TIMEOUT; do
   new=RUNCELL_TESTENV_${old#SANDBOX_K8S_}
   if [[ -n ${!old:-} && -z ${!new:-} ]]; then
-    echo "cluster.sh: error: $old was renamed to $new (the k8s driver rejects unknown SANDBOX_K8S_* variables)" >&2
+    echo "cluster.sh: error: $old was renamed to $new (the k8s driver takes $old as its config and rejects it)" >&2
     exit 2
   fi
 done

@@ -14,7 +14,7 @@ fn repo() -> PathBuf {
 }
 
 /// The variable naming the cluster's state directory. The test cluster's variables use
-/// their own prefix: `SANDBOX_K8S_*` is the k8s driver's config, and the driver rejects
+/// their own prefix: `RUNCELL_K8S_*` is the k8s driver's config, and the driver rejects
 /// keys it does not know.
 pub const STATE_ENV: &str = "RUNCELL_TESTENV_STATE";
 
@@ -148,7 +148,7 @@ fn output(mut cmd: Command, stdin: Option<&[u8]>) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?)
 }
 
-/// A kubeconfig for a ServiceAccount bound to exactly `sandbox-k8s/deploy/rbac.yaml`, in
+/// A kubeconfig for a ServiceAccount bound to exactly `runcell-k8s/deploy/rbac.yaml`, in
 /// [`TEST_NAMESPACE`]: the suite runs with the permissions the README documents.
 pub fn restricted_kubeconfig(admin: &Path) -> Result<PathBuf> {
     let ns_yaml = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {TEST_NAMESPACE}\n");
@@ -158,7 +158,7 @@ pub fn restricted_kubeconfig(admin: &Path) -> Result<PathBuf> {
     let mut apply = kubectl(admin)?;
     apply
         .args(["apply", "-n", TEST_NAMESPACE, "-f"])
-        .arg(repo().join("sandbox-k8s/deploy/rbac.yaml"));
+        .arg(repo().join("runcell-k8s/deploy/rbac.yaml"));
     output(apply, None)?;
     let mut token = kubectl(admin)?;
     token.args([
@@ -194,7 +194,7 @@ pub fn restricted_kubeconfig(admin: &Path) -> Result<PathBuf> {
     let path = state_dir().join("sandbox-driver.kubeconfig");
     std::fs::write(&path, text)?;
     eprintln!(
-        "the suite runs as ServiceAccount {TEST_NAMESPACE}/sandbox-driver with sandbox-k8s/deploy/rbac.yaml"
+        "the suite runs as ServiceAccount {TEST_NAMESPACE}/sandbox-driver with runcell-k8s/deploy/rbac.yaml"
     );
     Ok(path)
 }

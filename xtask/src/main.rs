@@ -36,7 +36,7 @@ enum Task {
     TestImages,
     /// Start the test Podman services (Docker-compatible API; rootful, and rootless as
     /// `sbxrootless`) with the test images, and print the rootful one's address:
-    /// `SANDBOX_DOCKER_HOST=... cargo xtask conformance` runs the suite on Podman.
+    /// `RUNCELL_DOCKER_HOST=... cargo xtask conformance` runs the suite on Podman.
     Podman,
     /// Run the shared conformance suite against a driver.
     Conformance {
@@ -97,8 +97,8 @@ fn run(task: Task) -> Result<()> {
                 "--quiet",
                 "--release",
                 "-p",
-                "runcell-conformance",
-                "--example",
+                "runcell-bench",
+                "--bin",
                 "bench",
                 "--",
             ];
@@ -121,9 +121,9 @@ fn run(task: Task) -> Result<()> {
             images::build()?;
             let host = podman::ensure(&images::ALL)?;
             let rootless = podman::ensure_rootless(&images::ALL)?;
-            println!("export SANDBOX_DOCKER_HOST={host}");
+            println!("export RUNCELL_DOCKER_HOST={host}");
             eprintln!(
-                "rootless Podman (run the suite as {}): SANDBOX_DOCKER_HOST={rootless}",
+                "rootless Podman (run the suite as {}): RUNCELL_DOCKER_HOST={rootless}",
                 podman::ROOTLESS_USER
             );
             Ok(())
@@ -197,7 +197,7 @@ fn run(task: Task) -> Result<()> {
             // Docker tests run here (their runs carry the session label).
             cargo(
                 &["test", "--workspace", "--quiet"],
-                &[("SANDBOX_TEST", "none"), (SESSION_ENV, session.as_str())],
+                &[(TEST_ENV, "none"), (SESSION_ENV, session.as_str())],
             )?;
             // The suites of `suites.rs`: Docker's side by side, then Podman's beside the
             // cluster's start-up and suites (its engine is idle then).
@@ -285,29 +285,51 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             "--test",
             "private_pull",
         ],
-        &[("KUBECONFIG", restricted), ("SANDBOX_TEST", "k8s")],
+        &[("KUBECONFIG", restricted), (TEST_ENV, "k8s")],
     )?;
     cargo(
         &["test", "--quiet", "-p", "runcell-cli", "--test", "k8s"],
         &[
             ("KUBECONFIG", restricted),
-            ("SANDBOX_TEST", "k8s"),
+            (TEST_ENV, "k8s"),
             (SESSION_ENV, session),
         ],
     )?;
     k8s::assert_no_leftovers(admin, session)
 }
 
+/// The driver the conformance harness tests (`runcell_conformance::harness::TEST_ENV`;
+/// `none`: not in this step).
+const TEST_ENV: &str = "RUNCELL_TEST";
+
+/// Drivers whose absence fails the tests (`runcell_conformance::harness::REQUIRE_ENV`).
+const REQUIRE_ENV: &str = "RUNCELL_REQUIRE";
+
 /// The variable the conformance harness takes its session label value from
 /// (`runcell_conformance::harness::SESSION_ENV`; xtask does not link the suite).
-const SESSION_ENV: &str = "SANDBOX_CONFORMANCE_SESSION";
+const SESSION_ENV: &str = "RUNCELL_CONFORMANCE_SESSION";
 
 /// The full ID (`sha256:...`) of the suite's image (`runcell_conformance::IMAGE_ID_ENV`).
-const IMAGE_ID_ENV: &str = "SANDBOX_CONFORMANCE_IMAGE_ID";
+const IMAGE_ID_ENV: &str = "RUNCELL_CONFORMANCE_IMAGE_ID";
 
 /// Non-empty: the harness takes every run of the suite from a warm pool
 /// (`runcell_conformance::harness::POOLED_ENV`).
-const POOLED_ENV: &str = "SANDBOX_CONFORMANCE_POOLED";
+const POOLED_ENV: &str = "RUNCELL_CONFORMANCE_POOLED";
+
+/// The variable `name` (`RUNCELL_...`), or else, deprecated and with a warning, its old
+/// spelling `SANDBOX_...` (as `runcell_core::envvar::var` reads it; xtask does not link
+/// core).
+fn env_var(name: &str) -> Option<String> {
+    if let Ok(value) = std::env::var(name) {
+        return Some(value);
+    }
+    let old = format!("SANDBOX_{}", name.strip_prefix("RUNCELL_")?);
+    let value = std::env::var(&old).ok()?;
+    eprintln!(
+        "xtask: warning: {old} is deprecated and will stop working in the next release; use {name}"
+    );
+    Some(value)
+}
 
 /// The exec path variable of core (`runcell_core::EXEC_HELPER_ENV`): `required` puts
 /// every run through the in-sandbox helper, `off` on one engine exec per command.
@@ -477,7 +499,7 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
                 "warn,runcell_k8s=debug,runcell_core::pool=debug",
             )
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("SANDBOX_TEST", suite.driver)
+            .env(TEST_ENV, suite.driver)
             .env(IMAGE_ID_ENV, &image_id)
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -546,10 +568,10 @@ fn failures(log: &str) -> String {
 const TESTED_DRIVERS: [&str; 3] = ["docker", "audit", "k8s"];
 
 /// The session label value of this `cargo xtask test`: the caller's
-/// `SANDBOX_CONFORMANCE_SESSION` (a CI job id, say), else one made from pid and time.
+/// `RUNCELL_CONFORMANCE_SESSION` (a CI job id, say), else one made from pid and time.
 fn test_session() -> String {
-    match std::env::var(SESSION_ENV) {
-        Ok(s) if !s.is_empty() => s,
+    match env_var(SESSION_ENV) {
+        Some(s) if !s.is_empty() => s,
         _ => {
             let secs = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -560,9 +582,9 @@ fn test_session() -> String {
     }
 }
 
-/// A driver in `SANDBOX_REQUIRE` that this task never tests would pass unnoticed.
+/// A driver in `RUNCELL_REQUIRE` that this task never tests would pass unnoticed.
 fn check_required_drivers() -> Result<()> {
-    let required = std::env::var("SANDBOX_REQUIRE").unwrap_or_default();
+    let required = env_var(REQUIRE_ENV).unwrap_or_default();
     let untested: Vec<&str> = required
         .split(',')
         .map(str::trim)
@@ -570,7 +592,7 @@ fn check_required_drivers() -> Result<()> {
         .collect();
     if !untested.is_empty() {
         bail!(
-            "SANDBOX_REQUIRE names {}, which cargo xtask test does not test (it tests {}); \
+            "{REQUIRE_ENV} names {}, which cargo xtask test does not test (it tests {}); \
              run `cargo xtask conformance --driver <name> --package <pkg>` (or --manifest-path) for it",
             untested.join(", "),
             TESTED_DRIVERS.join(", ")
@@ -644,7 +666,7 @@ fn conformance(
     argv.push("--".into());
     argv.extend(args.iter().cloned());
     let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    env.push(("SANDBOX_TEST", driver));
+    env.push((TEST_ENV, driver));
     cargo(&argv.iter().map(String::as_str).collect::<Vec<_>>(), &env)
 }
 

@@ -48,7 +48,7 @@ fn check_installed() -> Result<()> {
 }
 
 /// Makes sure the test Podman service answers on [`SOCKET`] with the test images in its
-/// store, starting it if needed; returns the address for `SANDBOX_DOCKER_HOST`. Says
+/// store, starting it if needed; returns the address for `RUNCELL_DOCKER_HOST`. Says
 /// exactly what is missing otherwise.
 pub fn ensure(images: &[&str]) -> Result<String> {
     check_installed()?;

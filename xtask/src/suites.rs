@@ -35,7 +35,7 @@ pub enum Value {
 pub struct SuiteDef {
     /// Its name in logs (`target/xtask-logs/<label>.log`).
     pub label: &'static str,
-    /// The registered driver name (`SANDBOX_TEST`).
+    /// The registered driver name (`RUNCELL_TEST`).
     pub driver: &'static str,
     /// The package whose `conformance` test binary runs.
     pub package: &'static str,
@@ -48,11 +48,11 @@ pub struct SuiteDef {
 use Value::{Kubeconfig, Lit, PodmanHost, RootlessHost};
 
 const OURS: &str = "runcell-conformance";
-const HOST: &str = "SANDBOX_DOCKER_HOST";
+const HOST: &str = "RUNCELL_DOCKER_HOST";
 const KUBECONFIG: &str = "KUBECONFIG";
 /// The exec path for API servers without v5.channel.k8s.io (before 1.30): stdin framed,
 /// never closed.
-const V4: &str = "SANDBOX_K8S_EXEC_V4_COMPATIBLE";
+const V4: &str = "RUNCELL_K8S_EXEC_V4_COMPATIBLE";
 
 /// Every suite.
 pub const SUITES: &[SuiteDef] = &[

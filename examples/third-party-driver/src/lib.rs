@@ -14,7 +14,7 @@
 //!
 //! It registers itself through the registry, so an engine finds it by name:
 //! `runcell_core::connect("audit", DriverConfig::from_env("audit"))`, and it passes the
-//! shared suite: `SANDBOX_TEST=audit cargo test -p sandbox-driver-audit --test conformance`.
+//! shared suite: `RUNCELL_TEST=audit cargo test -p sandbox-driver-audit --test conformance`.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;

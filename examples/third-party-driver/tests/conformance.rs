@@ -1,5 +1,5 @@
 //! The shared suite on this third-party driver:
-//! `SANDBOX_TEST=audit cargo test -p sandbox-driver-audit --test conformance`.
+//! `RUNCELL_TEST=audit cargo test -p sandbox-driver-audit --test conformance`.
 
 use sandbox_driver_audit as _;
 

@@ -1,0 +1,750 @@
+//! `sandbox`: the runcell command line. Start a run (one long-lived container or pod),
+//! exec commands into it, copy files, list, stop and garbage-collect runs, over any
+//! registered driver (Docker and Kubernetes are built in).
+#![forbid(unsafe_code)]
+// The doc comments of the clap structs are `--help` text, written for a terminal.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
+mod config;
+mod cp;
+mod doc;
+mod errors;
+mod exec;
+mod progress;
+mod spec;
+mod units;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+use runcell_core::labels::{self, Owner};
+use runcell_core::{CreateOptions, Driver, ExecSpec, ReapReason, RunGuard, RunInfo};
+// The built-in drivers: linked so that the registry finds them by name.
+use runcell_docker as _;
+use runcell_k8s as _;
+
+use crate::cp::Place;
+use crate::errors::{EXIT_CODES_HELP, Failure, code};
+use crate::spec::{SpecArgs, SpecSource};
+
+/// How long a run made by `sandbox start` lives unless told otherwise: it belongs to no
+/// process, so only its TTL lets `sandbox gc` remove it once forgotten.
+const START_DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Parser)]
+#[command(
+    name = "sandbox",
+    version,
+    about = "Runs commands in a long-lived sandbox (a Docker container or a Kubernetes pod) per run",
+    after_help = EXIT_CODES_HELP
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct Global {
+    /// The driver: docker (the default), k8s, or another registered one (`sandbox
+    /// drivers`).
+    #[arg(long = "driver", global = true, env = DRIVER_ENV, value_name = "DRIVER")]
+    driver_given: Option<String>,
+    /// The driver in use: `driver_given`, else the deprecated variable, else docker.
+    #[arg(skip)]
+    driver: String,
+    /// A driver config key (`host`, `namespace`, ...): KEY=VALUE. Repeatable. Wins over
+    /// --config-file, which wins over RUNCELL_<DRIVER>_<KEY> variables.
+    #[arg(long = "config", global = true, value_name = "KEY=VALUE")]
+    config: Vec<String>,
+    /// A config file (.toml, .yaml, .json) with a table per driver: [docker] host = "...".
+    #[arg(long, global = true, env = CONFIG_FILE_ENV, value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// More log output on stderr (-v: the library's steps; -vv: everything). RUST_LOG,
+    /// when set, decides instead.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    verbose: u8,
+    /// No progress output.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a run that outlives this command and print its id. It has a TTL (default
+    /// 24h) after which `sandbox gc` removes it; `sandbox stop` removes it at once.
+    Start {
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Run a command in a run, streaming its output; stdin is forwarded when it is not a
+    /// terminal. Exits with the command's exit code.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Exec(ExecArgs),
+    /// Start a run, run one command in it, stop it. Ctrl-C stops the run too.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Run {
+        #[command(flatten)]
+        spec: SpecArgs,
+        #[command(flatten)]
+        exec: RunExecArgs,
+    },
+    /// Stop (remove) runs, at once, with everything made for them.
+    Stop {
+        /// Run ids.
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<String>,
+    },
+    /// List runs (those still running; --all for every one).
+    Ls {
+        /// Also runs whose target is no longer running.
+        #[arg(short, long)]
+        all: bool,
+        /// Only runs with this label: KEY=VALUE. Repeatable.
+        #[arg(short, long = "label", value_name = "KEY=VALUE")]
+        label: Vec<String>,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove runs nobody can use any more: TTL passed, owner process gone, or no longer
+    /// running. Runs of live owners, of other hosts and detached runs within their TTL stay.
+    Gc {
+        /// Only list what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only runs with this label: KEY=VALUE. Repeatable.
+        #[arg(short, long = "label", value_name = "KEY=VALUE")]
+        label: Vec<String>,
+    },
+    /// Copy a file or directory between the host and a run: `sandbox cp ./src RUN:/workspace/`
+    /// or `sandbox cp RUN:/workspace/out ./out`. Into DST when it is a directory.
+    Cp {
+        /// A host path or RUN:/path.
+        src: String,
+        /// A host path or RUN:/path.
+        dst: String,
+    },
+    /// List the registered drivers.
+    Drivers,
+}
+
+#[derive(Args)]
+struct ExecArgs {
+    /// The run id.
+    run: String,
+    /// Extra environment: NAME=VALUE, or NAME to pass this shell's value. Repeatable.
+    #[arg(short, long = "env", value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
+    /// Working directory (default: the run's).
+    #[arg(short = 'w', long, value_name = "DIR")]
+    workdir: Option<String>,
+    /// User: uid, uid:gid, or a name where the driver allows.
+    #[arg(short, long)]
+    user: Option<String>,
+    #[command(flatten)]
+    common: RunExecArgs,
+}
+
+#[derive(Args)]
+struct RunExecArgs {
+    /// Kill the command after this long: 90, 30s, 10m, 1h (exit code 124).
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    timeout: Option<Duration>,
+    /// Do not forward stdin (the command reads EOF).
+    #[arg(short = 'n', long)]
+    no_stdin: bool,
+    /// The command and its arguments, after `--`. Never run through a shell: use
+    /// `-- sh -c '...'` for shell syntax.
+    #[arg(last = true, required = true, value_name = "ARGV")]
+    argv: Vec<String>,
+}
+
+/// The variable `--driver` defaults to.
+const DRIVER_ENV: &str = "RUNCELL_DRIVER";
+/// The variable `--config-file` defaults to.
+const CONFIG_FILE_ENV: &str = "RUNCELL_CONFIG_FILE";
+/// The driver without `--driver` or [`DRIVER_ENV`].
+const DEFAULT_DRIVER: &str = "docker";
+
+impl Global {
+    /// Fills in what neither the command line nor a `RUNCELL_` variable gave (clap read
+    /// those): the deprecated `SANDBOX_` variables, read with `var`
+    /// ([`runcell_core::envvar::var_os`], which warns), then the defaults.
+    fn resolve(&mut self, var: impl Fn(&str) -> Option<std::ffi::OsString>) {
+        self.driver = self
+            .driver_given
+            .clone()
+            .or_else(|| var(DRIVER_ENV).and_then(|d| d.into_string().ok()))
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| DEFAULT_DRIVER.to_string());
+        if self.config_file.is_none() {
+            self.config_file = var(CONFIG_FILE_ENV)
+                .filter(|f| !f.is_empty())
+                .map(PathBuf::from);
+        }
+    }
+}
+
+fn main() {
+    let mut cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let exit = if e.use_stderr() { code::FAILED } else { 0 };
+            let _ = e.print();
+            std::process::exit(exit);
+        }
+    };
+    init_tracing(cli.global.verbose);
+    // After the tracing set-up, so that a deprecated variable's warning is shown.
+    cli.global.resolve(runcell_core::envvar::var_os);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandbox: error: cannot start the async runtime: {e}");
+            std::process::exit(code::FAILED);
+        }
+    };
+    let driver = cli.global.driver.clone();
+    let exit = runtime.block_on(async move {
+        match run(cli).await {
+            Ok(code) => code,
+            Err(failure) => {
+                errors::report(&failure, &driver);
+                failure.code()
+            }
+        }
+    });
+    let _ = std::io::stdout().flush();
+    // Not dropping the runtime: a blocking read of stdin may still be pending.
+    std::process::exit(exit);
+}
+
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(f) if !f.is_empty() => EnvFilter::new(f),
+        _ => EnvFilter::new(match verbose {
+            0 => "warn",
+            1 => "warn,runcell_core=debug,runcell_docker=debug,runcell_k8s=debug,runcell_cli=debug",
+            _ => "debug",
+        }),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if verbose == 0 && std::env::var_os("RUST_LOG").is_none() {
+        builder.without_time().with_target(false).init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn connect(global: &Global) -> Result<Arc<dyn Driver>, Failure> {
+    let config = config::driver_config(
+        &global.driver,
+        &global.config,
+        global.config_file.as_deref(),
+    )?;
+    Ok(runcell_core::connect(&global.driver, config).await?)
+}
+
+/// A create error about a spec field, placed in the spec file where it sets the field.
+fn placed(error: runcell_core::Error, source: &Option<SpecSource>) -> Failure {
+    match source {
+        Some(source) => Failure::spec(error, source),
+        None => error.into(),
+    }
+}
+
+fn exec_spec(args: &RunExecArgs) -> ExecSpec {
+    let mut spec = ExecSpec::new(args.argv.iter().cloned());
+    spec.timeout = args.timeout;
+    spec
+}
+
+async fn run(cli: Cli) -> Result<i32, Failure> {
+    let g = &cli.global;
+    match &cli.command {
+        Command::Drivers => {
+            for d in runcell_core::drivers()? {
+                println!("{:<10} {}", d.name, d.description);
+            }
+            Ok(0)
+        }
+        Command::Start { spec } => {
+            // The spec first: a bad one is reported before anything is contacted.
+            let (spec, source) = spec::build(spec, Some(START_DEFAULT_TTL))?;
+            let driver = connect(g).await?;
+            let view = progress::View::new(g.quiet);
+            let created = create(&*driver, spec, view.options().detached(true)).await?;
+            view.finish();
+            let run = match created {
+                Created::Run(run) => run,
+                Created::Interrupted(code) => return Ok(code),
+                Created::Failed(e) => return Err(placed(e, &source)),
+            };
+            println!("{}", run.id());
+            Ok(0)
+        }
+        Command::Exec(args) => {
+            let driver = connect(g).await?;
+            let run = driver.attach(&args.run).await?;
+            let mut spec = exec_spec(&args.common);
+            for e in &args.env {
+                spec.env.push(spec::env_pair(e)?);
+            }
+            spec.working_dir = args.workdir.clone();
+            spec.user = args.user.clone();
+            let options = exec::Options {
+                forward_stdin: !args.common.no_stdin,
+                interruptible: true,
+            };
+            exec::stream(&*run, &driver.capabilities(), spec, options).await
+        }
+        Command::Run { spec, exec: args } => {
+            let (spec, source) = spec::build(spec, None)?;
+            let driver = connect(g).await?;
+            let view = progress::View::new(g.quiet);
+            let created = create(&*driver, spec, view.options()).await?;
+            view.finish();
+            let run = match created {
+                Created::Run(run) => RunGuard::new(run),
+                Created::Interrupted(code) => return Ok(code),
+                Created::Failed(e) => return Err(placed(e, &source)),
+            };
+            // From here Ctrl-C or SIGTERM stops the guarded run, then exits 130/143.
+            handle_signals()?;
+            let options = exec::Options {
+                forward_stdin: !args.no_stdin,
+                interruptible: false,
+            };
+            let result =
+                exec::stream(&*run, &driver.capabilities(), exec_spec(args), options).await;
+            // The stop below ended the command? Then the signal handler is stopping the
+            // run: let it finish and exit.
+            yield_to_signal_handler().await;
+            let stopped = run.stop().await;
+            let exit = result?;
+            stopped?;
+            Ok(exit)
+        }
+        Command::Stop { runs } => {
+            let driver = connect(g).await?;
+            for id in runs {
+                // Only runs the library manages: `remove` alone would take any container
+                // of that name.
+                let selector = BTreeMap::from([(labels::RUN_ID.to_string(), id.clone())]);
+                if driver.list(&selector).await?.is_empty() {
+                    eprintln!("sandbox: {id}: no such run (already stopped?)");
+                    continue;
+                }
+                driver.remove(id).await?;
+                println!("{id}");
+            }
+            Ok(0)
+        }
+        Command::Ls { all, label, json } => {
+            let driver = connect(g).await?;
+            let mut runs = driver.list(&selector(label)?).await?;
+            if !all {
+                runs.retain(|r| r.running);
+            }
+            runs.sort_by(|a, b| a.id.cmp(&b.id));
+            if *json {
+                let rows: Vec<serde_json::Value> = runs.iter().map(json_row).collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into())
+                );
+            } else {
+                print_table(&runs);
+            }
+            Ok(0)
+        }
+        Command::Gc { dry_run, label } => {
+            let driver = connect(g).await?;
+            let selector = selector(label)?;
+            let mut any = false;
+            if *dry_run {
+                let now = now_secs();
+                for run in driver.list(&selector).await? {
+                    if let Some(reason) = ReapReason::of(&run, now) {
+                        println!("would remove {} ({})", run.id, describe(&reason));
+                        any = true;
+                    }
+                }
+            } else {
+                for (id, reason) in runcell_core::reap(&*driver, &selector).await? {
+                    println!("removed {id} ({})", describe(&reason));
+                    any = true;
+                }
+            }
+            if !any {
+                eprintln!("nothing to remove");
+            }
+            Ok(0)
+        }
+        Command::Cp { src, dst } => {
+            let (src, dst) = (Place::parse(src), Place::parse(dst));
+            match (src, dst) {
+                (Place::Host(from), Place::Run { run, path }) => {
+                    let driver = connect(g).await?;
+                    let run = driver.attach(&run).await?;
+                    let to = cp::copy_in(&*run, &from, &path).await?;
+                    tracing::info!("copied {} to {}:{to}", from.display(), run.id());
+                    Ok(0)
+                }
+                (Place::Run { run, path }, Place::Host(to)) => {
+                    let driver = connect(g).await?;
+                    let run = driver.attach(&run).await?;
+                    let to = cp::copy_out(&*run, &path, &to).await?;
+                    tracing::info!("copied {}:{path} to {}", run.id(), to.display());
+                    Ok(0)
+                }
+                (Place::Run { .. }, Place::Run { .. }) => Err(Failure::usage(
+                    "both sides are in runs: copy to the host and back",
+                )),
+                (Place::Host(_), Place::Host(_)) => Err(Failure::usage(
+                    "one side must be in a run: RUN:/absolute/path",
+                )),
+            }
+        }
+    }
+}
+
+/// A label on every run this command line creates, unique to the invocation: after an
+/// interrupted create, what a request still in flight made is found by it and removed.
+const CREATE_LABEL: &str = "sandbox.cli/create";
+
+/// How long an interrupted create looks for what a request in flight may still make.
+const CREATE_SWEEP: Duration = Duration::from_secs(2);
+
+enum Created {
+    Run(Box<dyn runcell_core::Run>),
+    /// SIGINT/SIGTERM arrived during the create; nothing is left. The exit code.
+    Interrupted(i32),
+    Failed(runcell_core::Error),
+}
+
+/// Creates a run; SIGINT or SIGTERM meanwhile cancels the create (its guard removes
+/// what it made) and then removes, for a moment longer, whatever carries this
+/// invocation's label (a create request already at the engine finishes after the
+/// cancel).
+async fn create(
+    driver: &dyn Driver,
+    mut spec: runcell_core::RunSpec,
+    options: CreateOptions,
+) -> Result<Created, Failure> {
+    let token = format!("{:x}-{}", now_nanos(), std::process::id());
+    spec.labels.insert(CREATE_LABEL.into(), token.clone());
+    let mut signals = exec::Signals::new()?;
+    let code = tokio::select! {
+        created = driver.create_with(&spec, options) => {
+            return Ok(match created {
+                Ok(run) => Created::Run(run),
+                Err(e) => Created::Failed(e),
+            });
+        }
+        code = signals.recv() => code,
+    };
+    // The create future is dropped: its guard has removed what it knew of.
+    eprintln!("sandbox: interrupted: removing what the create made");
+    let selector = BTreeMap::from([(CREATE_LABEL.to_string(), token)]);
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(runs) = driver.list(&selector).await {
+            for run in runs {
+                if let Err(e) = driver.remove(&run.id).await {
+                    eprintln!("sandbox: could not remove {}: {e}", run.id);
+                }
+            }
+        }
+        if start.elapsed() >= CREATE_SWEEP {
+            return Ok(Created::Interrupted(code));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// Set once SIGINT or SIGTERM arrived.
+static SIGNALED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// On SIGINT/SIGTERM, `runcell_core::stop_runs_on_signal` stops every guarded run (and
+/// removes every run being created), then exits 130/143. The command's own flow must not
+/// exit first (that would cut the removal short): it checks [`yield_to_signal_handler`].
+fn handle_signals() -> Result<(), Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let err = |e: std::io::Error| Failure::usage(format!("cannot handle signals: {e}"));
+    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
+    let mut term = signal(SignalKind::terminate()).map_err(err)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        SIGNALED.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    runcell_core::stop_runs_on_signal()?;
+    Ok(())
+}
+
+/// Never returns once a signal arrived: the handler stops the runs and exits.
+async fn yield_to_signal_handler() {
+    // Both handlers wake on the same signal; give ours a moment to record it.
+    tokio::task::yield_now().await;
+    if SIGNALED.load(std::sync::atomic::Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn selector(pairs: &[String]) -> Result<BTreeMap<String, String>, Failure> {
+    pairs
+        .iter()
+        .map(|kv| spec::key_value(kv).map_err(|e| Failure::usage(format!("--label: {e}"))))
+        .collect()
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn describe(reason: &ReapReason) -> &'static str {
+    match reason {
+        ReapReason::Expired => "its TTL passed",
+        ReapReason::OwnerGone => "its owner process is gone",
+        ReapReason::NotRunning => "no longer running",
+        _ => "unusable",
+    }
+}
+
+fn owner_text(run: &RunInfo) -> String {
+    match Owner::from_labels(&run.labels) {
+        None => "detached".into(),
+        Some(o) => {
+            let state = match o.is_alive() {
+                Some(true) => "",
+                Some(false) => " (gone)",
+                None => " (?)",
+            };
+            format!("pid {}@{}{state}", o.pid, o.host)
+        }
+    }
+}
+
+fn expires_text(run: &RunInfo, now: u64) -> String {
+    match run
+        .labels
+        .get(labels::EXPIRES_AT)
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        None => "-".into(),
+        Some(u64::MAX) => "never".into(),
+        Some(at) if at <= now => "expired".into(),
+        Some(at) => format!(
+            "in {}",
+            units::human_duration(Duration::from_secs(at - now))
+        ),
+    }
+}
+
+fn user_labels(run: &RunInfo) -> String {
+    run.labels
+        .iter()
+        .filter(|(k, _)| !k.starts_with(labels::PREFIX) && k.as_str() != CREATE_LABEL)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn print_table(runs: &[RunInfo]) {
+    let now = now_secs();
+    let mut rows = vec![[
+        "RUN".to_string(),
+        "STATE".into(),
+        "OWNER".into(),
+        "EXPIRES".into(),
+        "LABELS".into(),
+    ]];
+    for run in runs {
+        rows.push([
+            run.id.clone(),
+            if run.running { "running" } else { "exited" }.into(),
+            owner_text(run),
+            expires_text(run, now),
+            user_labels(run),
+        ]);
+    }
+    let mut widths = [0usize; 5];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for row in rows {
+        let line = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ");
+        println!("{}", line.trim_end());
+    }
+}
+
+fn json_row(run: &RunInfo) -> serde_json::Value {
+    let owner = Owner::from_labels(&run.labels)
+        .map(|o| serde_json::json!({ "host": o.host, "pid": o.pid, "alive": o.is_alive() }));
+    let expires_at = run
+        .labels
+        .get(labels::EXPIRES_AT)
+        .and_then(|v| v.parse::<u64>().ok());
+    serde_json::json!({
+        "id": run.id,
+        "running": run.running,
+        "owner": owner,
+        "expires_at": expires_at,
+        "labels": run.labels,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(labels: &[(&str, &str)], running: bool) -> RunInfo {
+        RunInfo {
+            id: "sbx-1".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            running,
+        }
+    }
+
+    #[test]
+    fn dry_run_decides_as_reap_does() {
+        let now = 1000;
+        let me = Owner::current();
+        let (pid, start) = (me.pid.to_string(), me.start.to_string());
+        let live = [
+            (labels::OWNER_HOST, me.host.as_str()),
+            (labels::OWNER_PID, pid.as_str()),
+            (labels::OWNER_START, start.as_str()),
+        ];
+        assert_eq!(ReapReason::of(&info(&live, true), now), None);
+        assert_eq!(
+            ReapReason::of(&info(&live, false), now),
+            Some(ReapReason::NotRunning)
+        );
+        let dead = [
+            (labels::OWNER_HOST, me.host.as_str()),
+            (labels::OWNER_PID, "4294967294"),
+            (labels::OWNER_START, "1"),
+        ];
+        assert_eq!(
+            ReapReason::of(&info(&dead, true), now),
+            Some(ReapReason::OwnerGone)
+        );
+        assert_eq!(
+            ReapReason::of(&info(&[(labels::EXPIRES_AT, "999")], true), now),
+            Some(ReapReason::Expired)
+        );
+        // Detached, within its TTL: kept.
+        assert_eq!(
+            ReapReason::of(&info(&[(labels::EXPIRES_AT, "1001")], true), now),
+            None
+        );
+        assert_eq!(owner_text(&info(&[], true)), "detached");
+        assert_eq!(
+            expires_text(&info(&[(labels::EXPIRES_AT, "1060")], true), now),
+            "in 1m00s"
+        );
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "sandbox",
+            "exec",
+            "sbx-1",
+            "--env",
+            "A=1",
+            "--timeout",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
+        .unwrap();
+        let Command::Exec(args) = cli.command else {
+            panic!("not exec")
+        };
+        assert_eq!(args.common.argv, ["sh", "-c", "exit 3"]);
+        assert_eq!(args.common.timeout, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn driver_and_config_file_come_from_flags_then_the_environment_then_defaults() {
+        use std::ffi::OsString;
+        let unset = |_: &str| None;
+        let deprecated = |name: &str| match name {
+            DRIVER_ENV => Some(OsString::from("k8s")),
+            CONFIG_FILE_ENV => Some(OsString::from("/etc/runcell.toml")),
+            _ => None,
+        };
+        let flags = [
+            "sandbox",
+            "ls",
+            "--driver",
+            "my-driver",
+            "--config-file",
+            "/x.toml",
+        ];
+        let mut cli = Cli::try_parse_from(flags).unwrap();
+        cli.global.resolve(deprecated);
+        assert_eq!(cli.global.driver, "my-driver");
+        assert_eq!(cli.global.config_file, Some(PathBuf::from("/x.toml")));
+
+        // Without flags (and, in these tests, whatever clap read from RUNCELL_*
+        // replaced by what the lookup gives): the lookup, then the defaults.
+        let mut cli = Cli::try_parse_from(["sandbox", "ls"]).unwrap();
+        cli.global.driver_given = None;
+        cli.global.config_file = None;
+        cli.global.resolve(deprecated);
+        assert_eq!(cli.global.driver, "k8s");
+        assert_eq!(
+            cli.global.config_file,
+            Some(PathBuf::from("/etc/runcell.toml"))
+        );
+        let mut cli = Cli::try_parse_from(["sandbox", "ls"]).unwrap();
+        cli.global.driver_given = None;
+        cli.global.config_file = None;
+        cli.global.resolve(unset);
+        assert_eq!(cli.global.driver, DEFAULT_DRIVER);
+        assert_eq!(cli.global.config_file, None);
+    }
+}

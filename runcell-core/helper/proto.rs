@@ -1,0 +1,586 @@
+//! The exec helper's wire protocol, shared word for word by the helper binary
+//! (`helper/main.rs`, compiled by core's build script with std only) and core's client
+//! (`src/helper/`). Std only: no crate may be used here.
+//!
+//! One exec stream carries it: the host writes frames to the helper's stdin, the helper
+//! writes frames to its stdout (nothing else ever goes to its stdout; diagnostics go to
+//! stderr). A frame is
+//!
+//! ```text
+//! len: u32 LE (bytes that follow: 5 + payload) | kind: u8 | id: u32 LE | payload
+//! ```
+//!
+//! `id` is the exec (or file operation) the frame belongs to, chosen by the host, unique
+//! per helper connection; 0 is the connection itself. Payload fields are encoded with
+//! [`Enc`] / [`Dec`]: integers little-endian, byte strings as `u32 LE length + bytes`,
+//! lists as `u32 LE count + items`, options as `u8 (0|1) + value`.
+//!
+//! # Execs
+//! - host `SPAWN` ([`Spawn`]) → helper `STARTED` (pid u32) or `SPAWN_ERROR` (kind u8, message).
+//! - helper `STDOUT` / `STDERR` (data, at most [`CHUNK`] bytes each). The helper never sends
+//!   more output bytes of one exec (stdout + stderr together) than the host granted:
+//!   [`INITIAL_CREDIT`] at spawn, plus every `CREDIT` (u32) the host sends afterwards. A
+//!   command that prints faster than the host reads is blocked on its pipe: backpressure,
+//!   never a buffer in the helper.
+//! - host `STDIN` (data) and `STDIN_EOF`; the helper answers `STDIN_ACK` (u32 bytes) once
+//!   it wrote them to the pipe (or dropped them because the process closed its stdin).
+//!   The host never has more than [`STDIN_WINDOW`] unacknowledged bytes of one exec.
+//! - helper `EXIT` (kind u8: [`EXITED`] / [`SIGNALED`], value i32), sent once the exec's
+//!   root process was reaped (`waitpid`) and its stdout and stderr were drained: read to
+//!   EOF, or, when a background process still holds them open, read until nothing more is
+//!   buffered. `EXIT` is the last frame of an exec; the host may reuse nothing of it.
+//! - host `KILL` → the helper kills the exec's whole process tree (see below) and answers
+//!   `KILLED` once it is done (the `EXIT` of the root still follows, if not sent yet).
+//!   `KILL` for an id the helper does not know (already exited) answers `KILLED` at once.
+//!   `KILLED`'s payload is one byte: 1 when every process of the exec is gone, 0 when some
+//!   outlived the kill's bound (the host then kills by the exec marker and never reports
+//!   the kill as done); an empty payload is 1.
+//!   `KILL` implies `DISCARD`.
+//! - host `DISCARD`: the host's reader of this id is gone; see [`DISCARD`].
+//! - The host counts what it receives against the credit it granted; a helper that sends
+//!   more is a protocol error and the host drops the connection.
+//!
+//! # Kill
+//! Every exec runs under a shepherd of its own (the helper's executable run again, in a
+//! shepherd mode): a child subreaper that leads a session of its own, starts the command
+//! (in its own process group, with `RUNCELL_EXEC_ID` in its environment), reports its
+//! real wait status to the helper, reaps every orphan of the exec, and stays while any
+//! of the exec's processes lives. An exec's processes are exactly its shepherd's
+//! descendants: a process cannot leave that tree (an orphan is re-parented to its
+//! nearest subreaper, the shepherd), and no process of another exec can enter it or,
+//! being in another session, join one of its process groups. A `KILL` has the shepherd
+//! walk `/proc` parent links from its own pid, SIGSTOP everything found and walk again
+//! until nothing new appears, send SIGTERM and SIGCONT, and SIGKILL (stopping first)
+//! whatever is left after [`KILL_GRACE_MS`], until none is; each signal goes through a
+//! pidfd checked against the start time the walk saw. `KILLED` is sent once the shepherd
+//! exited (nothing of the exec is left), or after a bound. A kill needs no new process.
+//!
+//! # Files (no `tar` needed in the image)
+//! - host `PUT` (path: absolute, of the directory to write into) then `ENTRY` frames
+//!   ([`Entry`], `path` relative to that directory); a regular file's `ENTRY` is followed by
+//!   exactly `size` bytes of `STDIN` frames (same window and `STDIN_ACK` as an exec); then
+//!   `STDIN_EOF`. The helper creates directories, files and symlinks (mode; owner when it
+//!   runs as root), replaces a regular file or symlink by a file, and never replaces a
+//!   directory by a non-directory or the reverse. It answers `DONE` or `FILE_ERROR`
+//!   ([`FileError`] kind u8, the relative path, message) for the first failure, after which
+//!   it discards the operation's remaining frames. A file is written under a temporary
+//!   name beside its destination and renamed over it once whole; a `PUT` that ends (by
+//!   `STDIN_EOF` or the end of the connection) inside a file removes that temporary file.
+//!   Whole [`HOLE_BLOCK`]-aligned blocks of zeros are not written but left as holes, so a
+//!   sparse file is sparse again after it crossed (as its full size: the wire has no holes).
+//! - host `GET` (path: absolute) → helper `ENTRY` frames for the path itself (its base name)
+//!   and, for a directory, everything below it, depth first, each regular file followed by
+//!   exactly `size` bytes of `STDOUT` frames, then `DONE`; or `FILE_ERROR`. `ENTRY` and
+//!   `STDOUT` payload bytes both count against the id's credit (the exec rule).
+//! - `DONE` is each operation's success marker: the host treats an operation as done only
+//!   when it came. A `GET` that cannot send something whole ends with `FILE_ERROR` naming
+//!   it, never with `DONE`: a file it cannot open or read, a directory it cannot list, a
+//!   file that shrank while it was read (the data already sent is then short), a path
+//!   asked for that is a fifo, socket or device. Below a directory, fifos, sockets and
+//!   devices have no entry type and are skipped, as are entries removed before they were
+//!   read; a file that grew is sent as long as it was when its `ENTRY` was sent.
+//!
+//! # Connection
+//! - helper `HELLO` (id 0) first: [`Hello`].
+//! - host `PING` → helper `PONG`, same id.
+//! - When its stdin ends or breaks, the helper kills the process tree of every exec whose
+//!   `EXIT` it has not sent (at once, SIGKILL) and exits: a broken stream never leaves a
+//!   running command behind. Background processes of execs that already ended are left
+//!   alone, as after a plain exec (their shepherds stay while they live). A helper that
+//!   dies without exiting (killed) leaves the same result: a shepherd whose channel ends
+//!   before its command's status went out kills the exec's processes at once.
+//! - The helper never blocks reading stdin on a write to stdout (one writer thread with a
+//!   queue; what it queues is bounded by the credits and windows above): on Kubernetes
+//!   one task carries both directions, and a helper that stopped reading could deadlock it.
+
+use std::fmt;
+
+/// Bumped on any incompatible change; the host refuses a helper of another version.
+pub const VERSION: u32 = 1;
+/// Largest frame payload either side accepts: a `SPAWN` of the largest exec the library
+/// validates (argv and env up to 1 MiB each) fits.
+pub const MAX_PAYLOAD: usize = 4 << 20;
+/// Largest data chunk in one `STDOUT`/`STDERR`/`STDIN` frame.
+pub const CHUNK: usize = 64 * 1024;
+/// Output bytes (stdout + stderr) of one exec the helper may send before any `CREDIT`.
+pub const INITIAL_CREDIT: u32 = 1024 * 1024;
+/// A `PUT` leaves each whole block of zeros this large, aligned in the file, as a hole.
+pub const HOLE_BLOCK: u64 = 4096;
+/// Unacknowledged stdin bytes of one exec the host may have in flight.
+pub const STDIN_WINDOW: u32 = 1024 * 1024;
+/// Time between SIGTERM and SIGKILL in a kill.
+pub const KILL_GRACE_MS: u64 = 1000;
+
+// Frame kinds, host → helper.
+/// [`Spawn`].
+pub const SPAWN: u8 = 1;
+/// Data for an exec's stdin or a `PUT`'s file contents.
+pub const STDIN: u8 = 2;
+/// End of an exec's stdin, or of a `PUT`.
+pub const STDIN_EOF: u8 = 3;
+/// u32: more output bytes the helper may send for this id.
+pub const CREDIT: u8 = 4;
+/// Kill the exec's process tree.
+pub const KILL: u8 = 5;
+/// Answered by `PONG`.
+pub const PING: u8 = 6;
+/// Start a file upload: the directory (absolute path, byte string).
+pub const PUT: u8 = 7;
+/// Start a file download: the path (absolute, byte string).
+pub const GET: u8 = 8;
+/// The host reads no more output of this id (its reader is gone): the helper stops
+/// sending `STDOUT`/`STDERR`/`ENTRY` for it, keeps draining an exec's pipes (dropping the
+/// data, so the process is never blocked on them) and still sends its `EXIT`; a `GET` is
+/// abandoned (its file closed) with no further frame. `KILL` implies it.
+pub const DISCARD: u8 = 9;
+
+// Frame kinds, helper → host.
+/// [`Hello`], id 0, the helper's first frame.
+pub const HELLO: u8 = 64;
+/// u32: the pid of the exec's root process.
+pub const STARTED: u8 = 65;
+/// [`SpawnError`] kind u8 + message.
+pub const SPAWN_ERROR: u8 = 66;
+/// Output data.
+pub const STDOUT: u8 = 67;
+/// Output data.
+pub const STDERR: u8 = 68;
+/// kind u8 ([`EXITED`] / [`SIGNALED`]) + i32.
+pub const EXIT: u8 = 69;
+/// u32: stdin bytes written (or dropped).
+pub const STDIN_ACK: u8 = 70;
+/// The kill of this exec is done.
+pub const KILLED: u8 = 71;
+/// Answer to `PING`.
+pub const PONG: u8 = 72;
+/// A `PUT` or `GET` ended well.
+pub const DONE: u8 = 73;
+/// [`FileError`] kind u8 + relative path + message.
+pub const FILE_ERROR: u8 = 74;
+/// (both ways) [`Entry`] of a `PUT` or `GET`.
+pub const ENTRY: u8 = 75;
+/// A frame the helper could not decode: message. The helper exits after sending it.
+pub const PROTOCOL_ERROR: u8 = 76;
+
+/// `EXIT` kind: exited with the code.
+pub const EXITED: u8 = 0;
+/// `EXIT` kind: killed by the signal.
+pub const SIGNALED: u8 = 1;
+
+/// Why a `SPAWN` failed (`SPAWN_ERROR`'s kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnError {
+    /// The program does not exist (or is not on `PATH`).
+    NotFound = 1,
+    /// The program exists but cannot be executed (permissions, format).
+    NotExecutable = 2,
+    /// The working directory does not exist or is not a directory.
+    WorkingDirMissing = 3,
+    /// The working directory exists but cannot be entered.
+    WorkingDirDenied = 4,
+    /// The user (or group) is not in the image's `/etc/passwd` (`/etc/group`).
+    UnknownUser = 5,
+    /// The helper may not switch to the user (it does not run as root).
+    UserDenied = 6,
+    /// The kernel refused a process (EAGAIN / ENOMEM: a pids or memory limit).
+    Resources = 7,
+    /// Anything else.
+    Other = 8,
+}
+
+impl SpawnError {
+    /// From the wire.
+    pub fn from_u8(v: u8) -> SpawnError {
+        match v {
+            1 => SpawnError::NotFound,
+            2 => SpawnError::NotExecutable,
+            3 => SpawnError::WorkingDirMissing,
+            4 => SpawnError::WorkingDirDenied,
+            5 => SpawnError::UnknownUser,
+            6 => SpawnError::UserDenied,
+            7 => SpawnError::Resources,
+            _ => SpawnError::Other,
+        }
+    }
+}
+
+/// Why a `PUT` or `GET` failed (`FILE_ERROR`'s kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileError {
+    /// The path (or a parent directory) does not exist.
+    NotFound = 1,
+    /// A directory is where a non-directory goes, or the reverse.
+    IsDir = 2,
+    /// A non-directory is where a directory goes (or a parent is not a directory).
+    NotDir = 3,
+    /// Permission denied.
+    Denied = 4,
+    /// A malformed entry (absolute or `..` path, unknown type, short data).
+    Invalid = 5,
+    /// Anything else (disk full, ...).
+    Other = 6,
+    /// The path crosses a symbolic link in a directory that users other than root (or
+    /// the helper's own user) can change: not followed, since such a user could have
+    /// planted or swapped it.
+    Untrusted = 7,
+}
+
+impl FileError {
+    /// From the wire.
+    pub fn from_u8(v: u8) -> FileError {
+        match v {
+            1 => FileError::NotFound,
+            2 => FileError::IsDir,
+            3 => FileError::NotDir,
+            4 => FileError::Denied,
+            5 => FileError::Invalid,
+            7 => FileError::Untrusted,
+            _ => FileError::Other,
+        }
+    }
+}
+
+/// The helper's first frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// [`VERSION`].
+    pub version: u32,
+    /// The helper's pid (in the target's pid namespace).
+    pub pid: u32,
+    /// The helper's real uid and gid: a per-exec user needs uid 0.
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Size and FNV-1a 64 digest of the helper's own executable (`/proc/self/exe`), so the
+    /// host knows the upload is complete and current.
+    pub size: u64,
+    /// See `size`.
+    pub digest: u64,
+}
+
+impl Hello {
+    /// Encodes the payload.
+    pub fn encode(&self, e: &mut Enc) {
+        e.u32(self.version)
+            .u32(self.pid)
+            .u32(self.uid)
+            .u32(self.gid)
+            .u64(self.size)
+            .u64(self.digest);
+    }
+
+    /// Decodes the payload.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Hello, DecodeError> {
+        Ok(Hello {
+            version: d.u32()?,
+            pid: d.u32()?,
+            uid: d.u32()?,
+            gid: d.u32()?,
+            size: d.u64()?,
+            digest: d.u64()?,
+        })
+    }
+}
+
+/// A `SPAWN` payload.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Spawn {
+    /// Program and arguments; the program is looked up on `PATH` (of the exec's env) when
+    /// it has no `/`.
+    pub argv: Vec<Vec<u8>>,
+    /// Variables set on top of the helper's own environment (the run's); later wins.
+    pub env: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The working directory; `None`: the helper's (the run's).
+    pub working_dir: Option<Vec<u8>>,
+    /// `name`, `uid`, `name:group` or `uid:gid`; `None`: the helper's own user. Names are
+    /// resolved from the image's `/etc/passwd` and `/etc/group`; supplementary groups are
+    /// set from `/etc/group`; `HOME` is set to the user's home unless `env` sets it.
+    pub user: Option<Vec<u8>>,
+    /// True: stdin is a pipe fed by `STDIN` frames; false: `/dev/null`.
+    pub stdin_piped: bool,
+}
+
+impl Spawn {
+    /// Encodes the payload.
+    pub fn encode(&self, e: &mut Enc) {
+        e.list(&self.argv);
+        e.u32(self.env.len() as u32);
+        for (k, v) in &self.env {
+            e.bytes(k).bytes(v);
+        }
+        e.opt(self.working_dir.as_deref())
+            .opt(self.user.as_deref())
+            .u8(self.stdin_piped as u8);
+    }
+
+    /// Decodes the payload.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Spawn, DecodeError> {
+        let argv = d.list()?;
+        let n = d.u32()? as usize;
+        let mut env = Vec::with_capacity(n.min(4096));
+        for _ in 0..n {
+            env.push((d.bytes()?.to_vec(), d.bytes()?.to_vec()));
+        }
+        Ok(Spawn {
+            argv,
+            env,
+            working_dir: d.opt()?,
+            user: d.opt()?,
+            stdin_piped: d.u8()? != 0,
+        })
+    }
+}
+
+/// `ENTRY` types.
+pub const REGULAR: u8 = 0;
+/// A directory.
+pub const DIRECTORY: u8 = 1;
+/// A symbolic link (`link` is its target).
+pub const SYMLINK: u8 = 2;
+
+/// One file-system entry of a `PUT` or `GET`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// Relative, `/`-separated, no `.`/`..`/empty components (a `GET`'s first entry is
+    /// the base name of the path asked for).
+    pub path: Vec<u8>,
+    /// [`REGULAR`], [`DIRECTORY`] or [`SYMLINK`].
+    pub kind: u8,
+    /// Permission bits (0o7777).
+    pub mode: u32,
+    /// Owner; applied by a `PUT` only when the helper runs as root.
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// For a regular file: the number of data bytes that follow.
+    pub size: u64,
+    /// For a symlink: its target.
+    pub link: Vec<u8>,
+}
+
+impl Entry {
+    /// Encodes the payload.
+    pub fn encode(&self, e: &mut Enc) {
+        e.bytes(&self.path)
+            .u8(self.kind)
+            .u32(self.mode)
+            .u32(self.uid)
+            .u32(self.gid)
+            .u64(self.mtime as u64)
+            .u64(self.size)
+            .bytes(&self.link);
+    }
+
+    /// Decodes the payload.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Entry, DecodeError> {
+        Ok(Entry {
+            path: d.bytes()?.to_vec(),
+            kind: d.u8()?,
+            mode: d.u32()?,
+            uid: d.u32()?,
+            gid: d.u32()?,
+            mtime: d.u64()? as i64,
+            size: d.u64()?,
+            link: d.bytes()?.to_vec(),
+        })
+    }
+}
+
+/// A payload that ended early or carried an impossible length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError;
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("malformed frame payload")
+    }
+}
+
+/// Builds one frame.
+#[derive(Debug, Default)]
+pub struct Enc {
+    buf: Vec<u8>,
+}
+
+impl Enc {
+    /// A frame of `kind` for `id`; add the payload, then [`Enc::finish`].
+    pub fn frame(kind: u8, id: u32) -> Enc {
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(&[0; 4]);
+        buf.push(kind);
+        buf.extend_from_slice(&id.to_le_bytes());
+        Enc { buf }
+    }
+
+    /// Appends a byte.
+    pub fn u8(&mut self, v: u8) -> &mut Enc {
+        self.buf.push(v);
+        self
+    }
+
+    /// Appends a u32.
+    pub fn u32(&mut self, v: u32) -> &mut Enc {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    /// Appends a u64.
+    pub fn u64(&mut self, v: u64) -> &mut Enc {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    /// Appends a length-prefixed byte string.
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Enc {
+        self.u32(v.len() as u32);
+        self.buf.extend_from_slice(v);
+        self
+    }
+
+    /// Appends raw bytes (a data frame's payload).
+    pub fn raw(&mut self, v: &[u8]) -> &mut Enc {
+        self.buf.extend_from_slice(v);
+        self
+    }
+
+    /// Appends a list of byte strings.
+    pub fn list<T: AsRef<[u8]>>(&mut self, items: &[T]) -> &mut Enc {
+        self.u32(items.len() as u32);
+        for i in items {
+            self.bytes(i.as_ref());
+        }
+        self
+    }
+
+    /// Appends an optional byte string.
+    pub fn opt(&mut self, v: Option<&[u8]>) -> &mut Enc {
+        match v {
+            Some(v) => self.u8(1).bytes(v),
+            None => self.u8(0),
+        }
+    }
+
+    /// The frame's bytes, length filled in.
+    pub fn finish(mut self) -> Vec<u8> {
+        let len = (self.buf.len() - 4) as u32;
+        self.buf[..4].copy_from_slice(&len.to_le_bytes());
+        self.buf
+    }
+}
+
+/// Reads a frame's payload.
+#[derive(Debug)]
+pub struct Dec<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Dec<'a> {
+    /// Over a payload.
+    pub fn new(buf: &'a [u8]) -> Dec<'a> {
+        Dec { buf }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    /// A byte.
+    pub fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    /// A u32.
+    pub fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+
+    /// An i32.
+    pub fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(self.u32()? as i32)
+    }
+
+    /// A u64.
+    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+
+    /// A length-prefixed byte string.
+    pub fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    /// A list of byte strings.
+    pub fn list(&mut self) -> Result<Vec<Vec<u8>>, DecodeError> {
+        let n = self.u32()? as usize;
+        if n > self.buf.len() / 4 {
+            return Err(DecodeError);
+        }
+        (0..n).map(|_| self.bytes().map(<[u8]>::to_vec)).collect()
+    }
+
+    /// An optional byte string.
+    pub fn opt(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(self.bytes()?.to_vec())),
+            _ => Err(DecodeError),
+        }
+    }
+
+    /// What is left (a data frame's payload).
+    pub fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+/// One frame split off a buffer: kind, id, payload, and the frame's whole length.
+pub type Split<'a> = (u8, u32, &'a [u8], usize);
+
+/// Splits one frame off the front of `buf`: `(kind, id, payload, frame length)`, `None`
+/// while `buf` holds less than a whole frame; `Err` for a length over [`MAX_PAYLOAD`]
+/// or under the header.
+pub fn split_frame(buf: &[u8]) -> Result<Option<Split<'_>>, DecodeError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize;
+    if !(5..=MAX_PAYLOAD + 5).contains(&len) {
+        return Err(DecodeError);
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    let kind = buf[4];
+    let id = u32::from_le_bytes(buf[5..9].try_into().unwrap());
+    Ok(Some((kind, id, &buf[9..4 + len], 4 + len)))
+}
+
+/// FNV-1a, 64 bits: the helper's self-check of its upload (size and digest of its own
+/// executable). Not a security measure: the helper runs inside the sandbox, which could
+/// lie about anything; it catches truncated or stale uploads.
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv(pub u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    /// Adds bytes.
+    pub fn update(&mut self, data: &[u8]) {
+        for b in data {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Shared by the registry, TLS and ssh tests: strictness, certificates made with
+//! `openssl` in a test's directory, and a whole run through a transport.
+#![allow(dead_code)]
+
+pub mod registry;
+
+use std::path::Path;
+use std::process::Command;
+
+use runcell_core::{
+    DriverConfig, DriverExt, ExecHelper, ExecPath, ExecSpec, Network, PullPolicy, RunExt, RunSpec,
+};
+use runcell_docker::DockerDriver;
+
+/// `CI` or `RUNCELL_REQUIRE` naming docker: a missing tool fails instead of skipping.
+pub fn strict() -> bool {
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    ci || runcell_core::envvar::var("RUNCELL_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|d| d.trim() == "docker")
+}
+
+/// Whether a test can run, given what it misses: a skip says why, except under
+/// [`strict`], where it fails.
+pub fn can_run(test: &str, missing: Option<String>) -> bool {
+    let Some(why) = missing else { return true };
+    assert!(!strict(), "{test} cannot run: {why}");
+    eprintln!("skipped: {why}");
+    false
+}
+
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn new_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}-key.pem"),
+            "-out",
+            &format!("{name}-cert.pem"),
+        ],
+    );
+}
+
+/// A key and a certificate signed by `ca`, in `dir`: `<name>-key.pem`, `<name>-cert.pem`.
+pub fn issue(dir: &Path, ca: &str, name: &str, ext: &str) {
+    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+    openssl(dir, &["genrsa", "-out", &format!("{name}-key.pem"), "2048"]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-subj",
+            &format!("/CN={name}"),
+            "-key",
+            &format!("{name}-key.pem"),
+            "-out",
+            &format!("{name}.csr"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}-cert.pem"),
+            "-CAkey",
+            &format!("{ca}-key.pem"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}-cert.pem"),
+            "-extfile",
+            &format!("{name}.ext"),
+        ],
+    );
+}
+
+/// A whole run through `driver` (on the exec helper path): exec, a file there and back,
+/// stop; then, connected again through the registry with `keys`, nothing of the run is
+/// left. `how` names the transport in the output and the case label.
+pub async fn whole_run(driver: &DockerDriver, how: &str, keys: Vec<(&str, String)>) {
+    let spec = RunSpec::new("sandbox-test/busybox:latest")
+        .pull(PullPolicy::Never)
+        .network(Network::None)
+        .exec_helper(ExecHelper::Required)
+        .label("sandbox.test/case", how);
+    let run = driver.start(&spec).await.expect("a run");
+    assert_eq!(run.exec_path(), ExecPath::Helper);
+    let out = run
+        .exec(ExecSpec::new([
+            "sh",
+            "-c",
+            &format!("echo over-{how}; id -u"),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), format!("over-{how}\n0\n"));
+    let bytes = format!("through {how}").into_bytes();
+    run.put_file("/tmp/f", &bytes, 0o600).await.unwrap();
+    assert_eq!(run.get_file("/tmp/f").await.unwrap(), bytes);
+    run.stop().await.unwrap();
+
+    let config = DriverConfig::new("docker", keys);
+    let driver = runcell_core::connect("docker", config).await.unwrap();
+    let left = driver
+        .list(&[("sandbox.test/case".to_string(), how.to_string())].into())
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "left: {left:?}");
+}

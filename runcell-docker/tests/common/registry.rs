@@ -1,0 +1,171 @@
+//! A registry on loopback for pull tests (Debian's `docker-registry` with basic auth),
+//! and the suite's image pushed to it. Shared by the Docker tests and, by path, by the
+//! Kubernetes driver's pull test.
+#![allow(dead_code)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The registry's user and password.
+pub const USER: &str = "runcell";
+pub const PASSWORD: &str = "pw-Zq8vK2xLr7";
+/// Debian's `docker-registry`.
+pub const REGISTRY: &str = "/usr/bin/docker-registry";
+
+pub fn docker(args: &[&str], stdin: Option<&str>) {
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(input) = stdin {
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `docker-registry serve` on 127.0.0.1 with htpasswd auth; killed on drop.
+pub struct Registry {
+    child: std::process::Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    /// With basic auth ([`USER`], [`PASSWORD`]); with `tls`: the directory of
+    /// `server-cert.pem` and `server-key.pem` (HTTPS).
+    pub fn start(tls: Option<&std::path::Path>) -> Registry {
+        Registry::start_with(true, tls)
+    }
+
+    /// Without auth or TLS.
+    pub fn open() -> Registry {
+        Registry::start_with(false, None)
+    }
+
+    fn start_with(auth: bool, tls: Option<&std::path::Path>) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let htpasswd = dir.path().join("htpasswd");
+        let hash = bcrypt::hash(PASSWORD, 5).unwrap();
+        std::fs::write(&htpasswd, format!("{USER}:{hash}\n")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{}{}",
+                dir.path().join("data").display(),
+                tls.map(|d| format!(
+                    "  tls:\n    certificate: {}\n    key: {}\n",
+                    d.join("server-cert.pem").display(),
+                    d.join("server-key.pem").display()
+                ))
+                .unwrap_or_default(),
+                if auth {
+                    format!(
+                        "auth:\n  htpasswd:\n    realm: runcell-test\n    path: {}\n",
+                        htpasswd.display()
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        )
+        .unwrap();
+        let child = Command::new(REGISTRY)
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let registry = Registry {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry did not listen on 127.0.0.1:{port}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        registry
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Removes the local copy of the pushed tag, now and on drop.
+pub struct LocalTag(pub String);
+
+impl LocalTag {
+    pub fn remove(&self) {
+        let _ = Command::new("docker")
+            .args(["rmi", "-f", &self.0])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for LocalTag {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Tags the suite's image as `<host>/<repo>/busybox:<unique>`, pushes it with a login of
+/// the test's own, and removes the local copy (so that a run must pull it).
+pub fn push_test_image(host: &str, repo: &str) -> (String, LocalTag) {
+    let unique = format!("{}-{}", std::process::id(), rand_suffix());
+    let tag = format!("{host}/{repo}/busybox:{unique}");
+    let image = runcell_core::envvar::var("RUNCELL_CONFORMANCE_IMAGE")
+        .unwrap_or_else(|| "sandbox-test/busybox:latest".into());
+    let local = LocalTag(tag.clone());
+    let login = tempfile::tempdir().unwrap();
+    let login_dir = login.path().to_str().unwrap();
+    docker(&["tag", &image, &tag], None);
+    docker(
+        &[
+            "--config",
+            login_dir,
+            "login",
+            "-u",
+            USER,
+            "--password-stdin",
+            host,
+        ],
+        Some(PASSWORD),
+    );
+    docker(&["--config", login_dir, "push", &tag], None);
+    local.remove();
+    (tag, local)
+}
+
+pub fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        .into()
+}
