@@ -269,7 +269,15 @@ type StatusFuture = std::pin::Pin<
 /// adds the run id.)
 fn exec_error(e: kube::Error) -> Error {
     let lost = match &e {
-        kube::Error::Api(status) => status.code == 404 || status.code == 400,
+        // A kubelet answers an exec into a container that is no longer running (its
+        // keep-alive died) with a 500 "container not found (\"<name>\")".
+        kube::Error::Api(status) => {
+            status.code == 404
+                || status.code == 400
+                || (status.code == 500
+                    && (status.message.contains("container not found")
+                        || status.message.contains("is not running")))
+        }
         kube::Error::UpgradeConnection(u) => {
             let text = u.to_string();
             text.contains("404") || text.contains("400") || text.contains("not found")
@@ -517,6 +525,29 @@ pub fn status_to_exit(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_exec_into_a_container_that_stopped_is_a_lost_run() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure(message, "").with_code(code),
+            ))
+        };
+        for (code, message, lost) in [
+            (404, "pods \"x\" not found", true),
+            (400, "container sandbox is not valid for pod x", true),
+            (500, "container not found (\"sandbox\")", true),
+            (500, "internal error", false),
+            (403, "forbidden", false),
+        ] {
+            let kind = exec_error(api(code, message)).kind();
+            assert_eq!(
+                kind == ErrorKind::RunLost,
+                lost,
+                "{code} {message}: {kind:?}"
+            );
+        }
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
 
     use super::*;

@@ -1,9 +1,9 @@
 //! A pull from a registry on loopback that wants basic auth (Debian's `docker-registry`),
 //! on Kubernetes: without `image_pull_secrets` the create is a typed error naming the
 //! image and the registry, and nothing is left; with a `kubernetes.io/dockerconfigjson`
-//! Secret named in the config, the run starts from the pulled image. The test cluster's
-//! node pulls only from loopback registries, with the pod's imagePullSecrets, as a
-//! kubelet does.
+//! Secret named in the config, the run starts from the pulled image. On the test cluster
+//! the pull is the node's own: the upstream kubelet and containerd, with the pod's
+//! imagePullSecrets.
 //!
 //! Runs when `RUNCELL_TEST` names `k8s`, or, with `RUNCELL_TEST` unset, when `KUBECONFIG`
 //! is set. `cargo xtask test` runs it in its Kubernetes phase (restricted

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Single-node Kubernetes test cluster on loopback, built from pinned Go modules:
-# etcd + kube-apiserver + kube-controller-manager + kube-scheduler (upstream) and a
-# virtual-kubelet node whose pods are local Docker containers (ours, ./node).
+# etcd + kube-apiserver + kube-controller-manager + kube-scheduler (upstream) and one
+# real node: the upstream kubelet on a private containerd with CNI (realnode.sh).
 #
 # Usage: cluster.sh up|down|status
 #   up      build binaries if needed, create certs, start everything, wait for the
 #           node to be Ready; the LAST line of stdout is the kubeconfig path.
-#   down    stop everything, remove the provider's containers and the cluster state
-#           (etcd data, pod volumes, pid files). Binaries and certificates are kept.
+#   down    stop the node (its pods, containerd, the kubelet: realnode.sh down), then
+#           the control plane, and remove the cluster state (etcd data, pid files).
+#           Binaries and certificates are kept.
 #   status  show which processes run and whether the node is Ready (exit 0 if up).
 #
 # Environment (prefix RUNCELL_TESTENV_: RUNCELL_K8S_* is the k8s driver's config, and
@@ -33,8 +34,7 @@ repo=$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.."
 state=${RUNCELL_TESTENV_STATE:-$repo/target/k8s}
 api_port=${RUNCELL_TESTENV_API_PORT:-6443}
 etcd_port=32379 # client; peer is etcd_port+1. Not 2379, to stay clear of other etcds.
-node_port=10250
-node_name=sandbox-node
+node_name=${RUNCELL_REALNODE_NAME:-runcell-real-node}
 ready_timeout=${RUNCELL_TESTENV_READY_TIMEOUT:-180}
 
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
@@ -44,7 +44,7 @@ pki=$state/pki
 run=$state/run
 logs=$state/logs
 kubeconfig=$state/kubeconfig
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler sandbox-node)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -58,12 +58,6 @@ cp_key() {
   local v
   v=$(awk '$1 == "k8s.io/kubernetes" { print $2 }' "$here/controlplane/go.mod")
   echo "controlplane-$v-$(hash_files controlplane/go.mod controlplane/go.sum controlplane/build.sh controlplane/cmd/etcd/main.go)"
-}
-node_key() {
-  local files
-  files=$(cd "$here" && find node -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort)
-  # shellcheck disable=SC2086
-  echo "node-$(hash_files $files)"
 }
 
 # prune_bins PREFIX KEEP: drop binaries of other versions (running processes from
@@ -79,7 +73,6 @@ prune_bins() {
 build_binaries() {
   command -v "$GO" >/dev/null || die "go not found (set GO=...)"
   cp_bin=$state/bin/$(cp_key)
-  node_bin=$state/bin/$(node_key)
   if [[ ! -f $cp_bin/.complete ]]; then
     log "building control plane into $cp_bin (cold: several minutes; log: $logs/build-controlplane.log)"
     local t0=$SECONDS
@@ -91,20 +84,6 @@ build_binaries() {
     touch "$cp_bin/.complete"
     log "control plane built in $((SECONDS - t0))s"
     prune_bins controlplane- "$cp_bin"
-  fi
-  if [[ ! -f $node_bin/.complete ]]; then
-    log "building sandbox-node into $node_bin"
-    local t0=$SECONDS
-    rm -rf "$node_bin"
-    mkdir -p "$node_bin"
-    if ! (cd "$here/node" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" "$GO" build -trimpath -ldflags "-s -w" \
-          -o "$node_bin/sandbox-node" .) >"$logs/build-node.log" 2>&1; then
-      tail -n 30 "$logs/build-node.log" >&2
-      die "sandbox-node build failed"
-    fi
-    touch "$node_bin/.complete"
-    log "sandbox-node built in $((SECONDS - t0))s"
-    prune_bins node- "$node_bin"
   fi
 }
 
@@ -291,12 +270,10 @@ cmd_up() {
     --kubeconfig "$kubeconfig" \
     --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false --profiling=false
-  start sandbox-node "$node_bin/sandbox-node" \
-    --kubeconfig "$kubeconfig" --node-name "$node_name" \
-    --listen-addr "127.0.0.1:$node_port" --state-dir "$state/node" \
-    --client-ca-file "$pki/ca.crt"
-
-  wait_for sandbox-node "$ready_timeout" "node $node_name Ready" node_ready
+  # The node: kubelet + containerd + CNI, joined with the cluster's CA. Its last stdout
+  # line is its name; ours must stay the kubeconfig.
+  RUNCELL_TESTENV_STATE=$state RUNCELL_REALNODE_NAME=$node_name \
+    RUNCELL_REALNODE_READY_TIMEOUT=$ready_timeout "$here/realnode.sh" up >/dev/null
   wait_for kube-controller-manager "$ready_timeout" "node $node_name to lose its not-ready taint" node_untainted
   wait_for kube-controller-manager 60 "the default ServiceAccount" default_sa
   for c in "${components[@]}"; do
@@ -329,19 +306,10 @@ stop_components() {
 stop_component() { stop_components "$1"; }
 
 cmd_down() {
-  # The node first (it may still delete pods), etcd last.
-  stop_components sandbox-node
+  # The node first (it deletes its pods through the apiserver), etcd last.
+  RUNCELL_TESTENV_STATE=$state RUNCELL_REALNODE_NAME=$node_name "$here/realnode.sh" down
   stop_components kube-scheduler kube-controller-manager kube-apiserver
   stop_components etcd
-  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
-    local ids
-    ids=$(docker ps -aq --filter "label=sandbox-test.k8s/provider=docker-vk")
-    if [[ -n $ids ]]; then
-      # shellcheck disable=SC2086
-      docker rm -f $ids >/dev/null
-      log "removed $(wc -w <<<"$ids") pod container(s)"
-    fi
-  fi
   rm -rf "$state/etcd" "$state/node" "$run" "$kubeconfig"
   log "cluster down (kept $state/bin and $state/pki)"
 }
@@ -363,6 +331,7 @@ cmd_status() {
     echo "node $node_name: not Ready"
     up=1
   fi
+  RUNCELL_TESTENV_STATE=$state RUNCELL_REALNODE_NAME=$node_name "$here/realnode.sh" status || up=1
   [[ -f $kubeconfig ]] && echo "kubeconfig: $kubeconfig"
   return $up
 }
@@ -374,19 +343,12 @@ lock() {
   flock 9
 }
 
-# The node provider's own unit tests (image pull rules, status mapping).
-cmd_unit() {
-  command -v "$GO" >/dev/null || die "go not found (set GO=...)"
-  (cd "$here/node" && GOFLAGS="-mod=readonly -buildvcs=false" "$GO" test . ./provider/)
-}
-
 case ${1:-} in
 up) lock && cmd_up ;;
 down) lock && cmd_down ;;
 status) cmd_status ;;
-unit) cmd_unit ;;
 *)
-  echo "usage: $0 up|down|status|unit" >&2
+  echo "usage: $0 up|down|status" >&2
   exit 2
   ;;
 esac

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A REAL Kubernetes node (upstream kubelet + containerd + CNI) joined to the test
-# cluster that cluster.sh runs — prototype, see REALNODE.md. Not used by CI/xtask.
+# The test cluster's node: a REAL Kubernetes node (upstream kubelet + containerd + CNI)
+# joined to the control plane that cluster.sh runs (cluster.sh up/down call this; see
+# README.md).
 #
 # Usage: realnode.sh up|down|status
 #   up      build the kubelet if needed (same pinned k8s.io/kubernetes as the control
@@ -12,8 +13,7 @@
 #           kubelet binary, its generated build module and the node certificates.
 #   status  show what runs and whether the node is Ready (exit 0 if up).
 #
-# The node is tainted runcell.dev/real-node=true:NoSchedule and labelled
-# runcell.dev/real-node=true: only pods that tolerate the taint land on it.
+# The node is labelled runcell.dev/real-node=true and takes every pod (no taint).
 #
 # Isolation from the rest of the machine: containerd and kubelet share a private
 # mount namespace (held by a small holder process) in which
@@ -31,12 +31,13 @@
 #   RUNCELL_TESTENV_STATE          cluster state dir (default: <repo>/target/k8s);
 #                                  this node uses $RUNCELL_TESTENV_STATE/realnode
 #   RUNCELL_REALNODE_NAME          node name (default runcell-real-node)
-#   RUNCELL_REALNODE_PORT          kubelet API port on 127.0.0.1 (default 10260;
-#                                  10250 is cluster.sh's virtual node)
+#   RUNCELL_REALNODE_PORT          kubelet API port on the node address (default 10260)
 #   RUNCELL_REALNODE_POD_CIDR      pod subnet of the CNI bridge (default 10.244.0.0/24)
 #   RUNCELL_REALNODE_IMAGES        images copied from Docker into containerd
 #                                  (default: every sandbox-test/* image in Docker)
 #   RUNCELL_REALNODE_READY_TIMEOUT seconds to wait for Ready (default 120)
+#   RUNCELL_REALNODE_STREAM_IDLE   the kubelet's streamingConnectionIdleTimeout (default
+#                                  30s; the suite's idle case waits twice as long)
 #   GO                             go binary (default: go in PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
@@ -49,6 +50,7 @@ kubelet_port=${RUNCELL_REALNODE_PORT:-10260}
 healthz_port=$((kubelet_port + 8))
 pod_cidr=${RUNCELL_REALNODE_POD_CIDR:-10.244.0.0/24}
 ready_timeout=${RUNCELL_REALNODE_READY_TIMEOUT:-120}
+stream_idle=${RUNCELL_REALNODE_STREAM_IDLE:-30s}
 bridge=runcell-cni0
 # The kubelet rejects a loopback node IP ("nodeIP can't be loopback address": no
 # InternalIP, so the apiserver cannot reach it). The node's address is therefore the
@@ -59,7 +61,7 @@ node_ip=${pod_cidr%/*}
 node_ip=${node_ip%.*}.1
 cgroup_root=runcell-realnode
 fwd_rule=(FORWARD -i "$bridge" -o "$bridge" -m comment --comment runcell-realnode -j ACCEPT)
-taint_key=runcell.dev/real-node
+node_label=runcell.dev/real-node
 pause_image=localhost/runcell/pause:1
 
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
@@ -311,10 +313,11 @@ resolvConf: $rn/etc/resolv.conf
 clusterDomain: cluster.local
 podLogsDir: $rn/pod-logs
 volumePluginDir: $rn/kubelet/volume-plugins
-registerWithTaints:
-- {key: $taint_key, value: "true", effect: NoSchedule}
 maxPods: 110
 serializeImagePulls: false
+# Idle exec/attach streams are cut after this (default 4 h, hardened clusters 5 min):
+# short here so that the suite shows a held helper stream outlives it.
+streamingConnectionIdleTimeout: $stream_idle
 # Images are imported, never pulled: keep image GC from deleting them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -511,7 +514,7 @@ cmd_up() {
       --config "$rn/etc/kubelet.yaml" --kubeconfig "$rn/etc/kubelet.kubeconfig" \
       --root-dir "$rn/kubelet" --cert-dir "$rn/pki" \
       --hostname-override "$node_name" --node-ip "$node_ip" \
-      --node-labels "$taint_key=true" --v 2
+      --node-labels "$node_label=true" --v 2
   fi
   local t0=$SECONDS
   wait_for kubelet kubelet_running "$ready_timeout" "node $node_name Ready" node_ready

@@ -14,7 +14,22 @@ state=${RUNCELL_TESTENV_STATE:-$repo/target/k8s}
 kubeconfig=${1:-$state/kubeconfig}
 image=${RUNCELL_TEST_IMAGE:-sandbox-test/busybox:latest}
 kubectl_bin=${KUBECTL:-$(ls -t "$state"/bin/controlplane-*/kubectl 2>/dev/null | head -n 1)}
-node=sandbox-node
+node=${RUNCELL_REALNODE_NAME:-runcell-real-node}
+# The node's containerd (realnode.sh): its containers, by pod label.
+ctr_bin=$(command -v ctr || echo ctr)
+containers() { # LABEL VALUE: ids of the node's containers whose io.kubernetes.pod.LABEL is VALUE
+  "$ctr_bin" -a "$state/realnode/run/containerd.sock" -n k8s.io containers ls -q "labels.\"io.kubernetes.pod.$1\"==$2"
+}
+# The kubelet stops a deleted pod's containers at once and removes them at its next
+# container GC (about a minute): what must be gone at once is every running task.
+running_tasks() { # LABEL VALUE
+  local ids
+  ids=$(containers "$@")
+  [[ -z $ids ]] && return 0
+  "$ctr_bin" -a "$state/realnode/run/containerd.sock" -n k8s.io tasks ls |
+    awk 'NR > 1 && $3 == "RUNNING" { print $1 }' | grep -Fx -f <(echo "$ids")
+}
+nothing_runs() { [[ -z $(running_tasks "$@") ]]; } # polled: evaluated on every try
 ns=smoke-$(date +%s)-$$
 
 [[ -f $kubeconfig ]] || { echo "smoke: no kubeconfig at $kubeconfig (run cluster.sh up)" >&2; exit 1; }
@@ -82,7 +97,7 @@ t_image_present() {
 }
 
 t_pod_running() {
-  pod_yaml sleeper "" | kn apply -f - >/dev/null || return 1
+  pod_yaml sleeper "  shareProcessNamespace: true" | kn apply -f - >/dev/null || return 1
   if ! kn wait --for=condition=Ready pod/sleeper --timeout=60s >/dev/null; then
     kn get pod sleeper -o wide
     kn get pod sleeper -o 'jsonpath={.status.containerStatuses}'
@@ -120,7 +135,8 @@ t_exec_streams_apart() {
 }
 
 t_pid1_reaps() {
-  # An orphaned child must be reaped by PID 1 (docker-init), not left a zombie.
+  # An orphaned child must be reaped by PID 1 (pause, in a shared PID namespace as
+  # runcell's pods have), not left a zombie.
   kn exec sleeper -- sh -c '(sleep 0.1 &) ; sleep 0.5' || return 1
   local z
   z=$(kn exec sleeper -- sh -c "ps -o stat | grep -c '^Z' || true")
@@ -130,10 +146,10 @@ t_pid1_reaps() {
 t_delete_removes_container() {
   local uid
   uid=$(kn get pod sleeper -o 'jsonpath={.metadata.uid}') || return 1
-  [[ -n $(docker ps -aq --filter "label=io.kubernetes.pod.uid=$uid") ]] || { echo "no container for pod uid $uid"; return 1; }
+  [[ -n $(containers uid "$uid") ]] || { echo "no container for pod uid $uid"; return 1; }
   kn delete pod sleeper --timeout=60s >/dev/null || return 1
-  poll 30 test -z "$(docker ps -aq --filter "label=io.kubernetes.pod.uid=$uid")" ||
-    { echo "container of pod uid $uid still present"; return 1; }
+  poll 30 nothing_runs uid "$uid" ||
+    { echo "a container of pod uid $uid still runs"; return 1; }
 }
 
 t_deadline_exceeded() {
@@ -161,8 +177,8 @@ t_namespace_delete() {
   k delete namespace "$ns" --wait=false >/dev/null || return 1
   ns_gone() { ! k get namespace "$ns" >/dev/null 2>&1; }
   poll 120 ns_gone || { k get namespace "$ns" -o 'jsonpath={.status}'; return 1; }
-  [[ -z $(docker ps -aq --filter "label=io.kubernetes.pod.namespace=$ns") ]] ||
-    { echo "containers of namespace $ns remain"; return 1; }
+  poll 30 nothing_runs namespace "$ns" ||
+    { echo "containers of namespace $ns still run"; return 1; }
 }
 
 cleanup() { k delete namespace "$ns" --wait=false >/dev/null 2>&1 || true; }
@@ -179,10 +195,10 @@ check "exec stdin EOF reaches the process (wc -l)" t_exec_stdin_eof
 check "exec exit code 3 is returned" t_exec_exit_code
 check "exec keeps stdout and stderr apart" t_exec_streams_apart
 check "PID 1 reaps orphaned children" t_pid1_reaps
-check "deleting the pod removes its Docker container" t_delete_removes_container
+check "deleting the pod stops its containers" t_delete_removes_container
 check "activeDeadlineSeconds: 5 ends Failed/DeadlineExceeded" t_deadline_exceeded
 check "missing image reports ErrImageNeverPull (pull policy Never) or ErrImagePull/ImagePullBackOff" t_missing_image
-check "namespace deletion completes and removes containers" t_namespace_delete
+check "namespace deletion completes and stops its containers" t_namespace_delete
 
 echo "$passed passed, $failed failed"
 ((failed == 0))

@@ -44,8 +44,9 @@ type Package = (&'static str, fn() -> bool);
 
 /// The Debian packages the tests need besides the demo's: the TLS and ssh transports'
 /// tests (openssl, sshd, ssh), the loopback registry (docker-registry), and Podman's
-/// rootful and rootless services (podman, catatonit, newuidmap).
-const TEST_PACKAGES: [Package; 7] = [
+/// rootful and rootless services (podman, catatonit, newuidmap), and the test cluster's
+/// real node (containerd and runc, which docker.io also brings, and the CNI plugins).
+const TEST_PACKAGES: [Package; 10] = [
     ("openssl", || on_path("openssl")),
     ("docker-registry", || installed("docker-registry")),
     ("podman", || on_path("podman")),
@@ -57,6 +58,11 @@ const TEST_PACKAGES: [Package; 7] = [
         std::path::Path::new("/usr/sbin/sshd").exists()
     }),
     ("openssh-client", || on_path("ssh")),
+    ("containerd", || on_path("containerd")),
+    ("runc", || on_path("runc")),
+    ("containernetworking-plugins", || {
+        std::path::Path::new("/usr/lib/cni/bridge").exists()
+    }),
 ];
 
 /// What the demo needs on the machine: the Docker engine and CLI, and a static busybox

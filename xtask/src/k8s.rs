@@ -1,5 +1,5 @@
 //! The Kubernetes test cluster (testenv/k8s): upstream control plane built from Go
-//! modules, a virtual-kubelet node backed by the local Docker engine.
+//! modules, and one real node: the upstream kubelet on its own containerd with CNI.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -61,9 +61,11 @@ enum Task {
         #[arg(long)]
         keep_cluster: bool,
     },
-    /// The Kubernetes test cluster: `up` (prints the kubeconfig path), `down`, `status`.
+    /// The Kubernetes test cluster: `up` (prints the kubeconfig path), `down`, `status`,
+    /// or `test`: up, then only the Kubernetes phase of `cargo xtask test` (smoke test,
+    /// the k8s suites, private pulls, the CLI), leaving the cluster up.
     K8s {
-        #[arg(value_parser = ["up", "down", "status"])]
+        #[arg(value_parser = ["up", "down", "status", "test"])]
         action: String,
     },
 }
@@ -150,11 +152,17 @@ fn run(task: Task) -> Result<()> {
             conformance(&driver, &target, &args, &env)
         }
         Task::K8s { action } => {
-            if action == "up" {
+            if action == "up" || action == "test" {
+                engine::ensure_packages(true)?;
                 engine::ensure_docker()?;
                 images::build()?;
                 let kubeconfig = k8s::up()?;
                 eprintln!("export KUBECONFIG={}", kubeconfig.display());
+                if action == "test" {
+                    let session = test_session();
+                    eprintln!("conformance session {session} ({SESSION_ENV})");
+                    k8s_tests(&kubeconfig, &session)?;
+                }
                 Ok(())
             } else {
                 k8s::run(&action)
@@ -248,7 +256,6 @@ fn run(task: Task) -> Result<()> {
 
 /// The cluster smoke test, the suite on the `k8s` driver, and the leftover check.
 fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
-    k8s::run("unit")?;
     k8s::smoke(admin)?;
     let restricted = k8s::restricted_kubeconfig(admin)?;
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;

@@ -53,6 +53,11 @@ const KUBECONFIG: &str = "KUBECONFIG";
 /// The exec path for API servers without v5.channel.k8s.io (before 1.30): stdin framed,
 /// never closed.
 const V4: &str = "RUNCELL_K8S_EXEC_V4_COMPATIBLE";
+/// How long the idle case leaves its run alone.
+const IDLE_ENV: &str = "RUNCELL_CONFORMANCE_IDLE_SECS";
+/// Twice the test node's `streamingConnectionIdleTimeout` (30 s, `realnode.sh`): the
+/// helper suites show that a held stream outlives it.
+const NODE_IDLE_TWICE: &str = "65";
 
 /// Every suite.
 pub const SUITES: &[SuiteDef] = &[
@@ -105,7 +110,11 @@ pub const SUITES: &[SuiteDef] = &[
         "k8s",
         OURS,
         Phase::K8s,
-        &[(KUBECONFIG, Kubeconfig), (HELPER_ENV, Lit("required"))],
+        &[
+            (KUBECONFIG, Kubeconfig),
+            (HELPER_ENV, Lit("required")),
+            (IDLE_ENV, Lit(NODE_IDLE_TWICE)),
+        ],
     ),
     suite(
         "k8s/plain",
@@ -123,6 +132,7 @@ pub const SUITES: &[SuiteDef] = &[
             (KUBECONFIG, Kubeconfig),
             (HELPER_ENV, Lit("required")),
             (V4, Lit("true")),
+            (IDLE_ENV, Lit(NODE_IDLE_TWICE)),
         ],
     ),
     suite(

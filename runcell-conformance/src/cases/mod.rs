@@ -109,6 +109,8 @@ pub static CASES: &[Case] = &[
     case!(cancelled_create_leaves_nothing),
     case!(attach_sees_the_same_run, |c| c.attach),
     case!(removed_target_is_run_lost),
+    case!(a_target_whose_keepalive_dies_is_run_lost),
+    case!(an_idle_run_answers_at_once_with_its_background_alive),
     case!(timeout_kills_the_process_tree),
     case!(a_timed_out_exec_is_killed_or_says_it_was_not, |c| c
         .pids_limit),

@@ -307,6 +307,99 @@ pub async fn removed_target_is_run_lost(cx: &Context) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long [`an_idle_run_answers_at_once_with_its_background_alive`] stays idle:
+/// `RUNCELL_CONFORMANCE_IDLE_SECS` (`cargo xtask test` gives the Kubernetes suites twice
+/// the test node's `streamingConnectionIdleTimeout`), 3 s by default.
+pub const IDLE_SECS_ENV: &str = "RUNCELL_CONFORMANCE_IDLE_SECS";
+
+/// A run left idle (no exec) for a while, longer than a node's idle-stream timeout where
+/// the harness says so, answers its next exec on the same path, with a background
+/// process started before the idle still alive and nothing reported lost.
+pub async fn an_idle_run_answers_at_once_with_its_background_alive(
+    cx: &Context,
+) -> anyhow::Result<()> {
+    let idle: u64 = match runcell_core::envvar::var(IDLE_SECS_ENV) {
+        Some(v) => v
+            .parse()
+            .with_context(|| format!("{IDLE_SECS_ENV}={v:?}"))?,
+        None => 3,
+    };
+    let run = cx.driver.start(&cx.spec()).await?;
+    let path = run.exec_path();
+    let out = run
+        .exec(ExecSpec::new([
+            "sh",
+            "-c",
+            "sleep 1779 >/dev/null 2>&1 </dev/null & echo $!",
+        ]))
+        .await?;
+    ensure!(out.status.success(), "{}: {}", out.status, out.stderr_str());
+    let pid = out.stdout_str().trim().to_string();
+    ensure!(pid.parse::<u32>().is_ok(), "no pid: {:?}", out.stdout_str());
+    tokio::time::sleep(Duration::from_secs(idle)).await;
+    let started = Instant::now();
+    let out = run
+        .exec(ExecSpec::new([
+            "sh",
+            "-c",
+            &format!("kill -0 {pid} && echo alive"),
+        ]))
+        .await?;
+    let took = started.elapsed();
+    eprintln!("the first exec after {idle} s idle took {took:?} ({path:?})");
+    ensure!(
+        out.status.success() && out.stdout_str() == "alive\n",
+        "after {idle} s idle the background process {pid} is gone: {} {:?}",
+        out.status,
+        out.stderr_str()
+    );
+    ensure!(
+        run.exec_path() == path,
+        "the run changed its exec path over the idle: {path:?} -> {:?}",
+        run.exec_path()
+    );
+    run.stop().await?;
+    Ok(())
+}
+
+/// A target whose keep-alive process dies (the container exits) ends the exec running in
+/// it as `RunLost`, never as a lost transport, an exit status or success, and the next
+/// exec is a `RunLost` error.
+pub async fn a_target_whose_keepalive_dies_is_run_lost(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    let running = run.exec_stream(ExecSpec::new(["sleep", "600"])).await?;
+    // The keep-alive: the oldest `sleep infinity` (PID 1 is an init or pause, which a
+    // process of the same PID namespace cannot kill).
+    let keepalive = sh_stdout(
+        &*run,
+        "for p in /proc/[0-9]*; do [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = 'sleep infinity ' ] && echo ${p#/proc/}; done | sort -n | head -n 1",
+    )
+    .await?;
+    ensure!(
+        keepalive.parse::<u32>().is_ok_and(|p| p > 1),
+        "no keep-alive process other than PID 1 found: {keepalive:?}"
+    );
+    // Its exec may die with the target: only what follows is judged.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(20),
+        run.exec(ExecSpec::new(["kill", "-KILL", keepalive.as_str()])),
+    )
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(30), running.wait())
+        .await
+        .context("the running exec hung after its target died")?;
+    ensure!(
+        matches!(status, ExitStatus::RunLost(_)),
+        "an exec whose target died reported {status}"
+    );
+    match run.exec(ExecSpec::new(["true"])).await {
+        Ok(out) => bail!("exec on a dead target returned {}", out.status),
+        Err(e) => ensure!(e.kind() == ErrorKind::RunLost, "expected run lost, got {e}"),
+    }
+    run.stop().await?;
+    Ok(())
+}
+
 /// A run created by a process that was then SIGKILLed is found and removed by reap.
 pub async fn reap_removes_runs_of_a_killed_owner(cx: &Context) -> anyhow::Result<()> {
     let mut child = crate::harness::spawn_owner_child(cx, OwnerMode::Bare)?;

@@ -81,7 +81,17 @@ impl<B: Backend> Control<B> {
         };
         let give_up = tokio::time::Instant::now() + TARGET_CHECK_BOUND;
         for look in 1..=looks {
-            match tokio::time::timeout_at(give_up, self.backend.attach_target(&self.id)).await {
+            // After a SIGKILL or no status, the engine's record of the target may lag
+            // (a kubelet reports a container that died a second or more later): a probe
+            // exec then tells at once whether the target still runs.
+            let check = async {
+                self.backend.attach_target(&self.id).await?;
+                if looks > 1 {
+                    self.probe().await?;
+                }
+                Ok::<(), Error>(())
+            };
+            match tokio::time::timeout_at(give_up, check).await {
                 Ok(Err(e)) if matches!(e.kind(), ErrorKind::RunLost | ErrorKind::NotFound) => {
                     return Ok(ExitStatus::RunLost(e.to_string()));
                 }
@@ -95,6 +105,38 @@ impl<B: Backend> Control<B> {
             }
         }
         status
+    }
+}
+
+/// How long the probe exec of [`Control::probe`] may take.
+const PROBE_BOUND: Duration = Duration::from_secs(5);
+
+impl<B: Backend> Control<B> {
+    /// One raw exec of `true` in the target: an error when the target no longer runs
+    /// (the engine refuses the exec: [`ErrorKind::RunLost`] or [`ErrorKind::NotFound`]).
+    /// A probe that cannot tell (it times out, or `true` fails) says nothing: `Ok`.
+    async fn probe(&self) -> Result<()> {
+        let raw = RawExec {
+            argv: vec!["true".into()],
+            env: Vec::new(),
+            working_dir: Some("/".into()),
+            user: None,
+            stdin: Stdin::Null,
+        };
+        let probe = async {
+            let mut process = self.backend.exec_raw(&self.id, raw).await?;
+            drop(process.stdin.take());
+            while let Some(chunk) = process.output.next().await {
+                if chunk.is_err() {
+                    break;
+                }
+            }
+            process.status.status().await
+        };
+        match tokio::time::timeout(PROBE_BOUND, probe).await {
+            Ok(Err(e)) if matches!(e.kind(), ErrorKind::RunLost | ErrorKind::NotFound) => Err(e),
+            _ => Ok(()),
+        }
     }
 }
 
