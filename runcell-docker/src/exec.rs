@@ -92,14 +92,22 @@ pub async fn start(docker: &Docker, container: &str, exec: RawExec) -> Result<Ra
 
 /// Maps a create/start failure: a container that is gone or not running is a lost run.
 fn exec_error(container: &str, e: bollard::errors::Error) -> Error {
-    match error::status(&e) {
-        Some(404) | Some(409) => Error::new(
+    // Podman answers an exec into a stopped container with a 500 "can only create exec
+    // sessions on running containers: container state improper" (Docker with a 409).
+    let lost = match error::status(&e) {
+        Some(404) | Some(409) => true,
+        Some(500) => e.to_string().contains("container state improper"),
+        _ => false,
+    };
+    if lost {
+        Error::new(
             ErrorKind::RunLost,
             "the run's container is gone or not running",
         )
         .with("run", container)
-        .with_source(e),
-        _ => error::map("exec", e).with("run", container),
+        .with_source(e)
+    } else {
+        error::map("exec", e).with("run", container)
     }
 }
 
@@ -259,6 +267,33 @@ impl RawStatus for DockerStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exec_into_a_stopped_container_is_a_lost_run() {
+        let answer =
+            |status_code: u16, message: &str| bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                message: message.to_string(),
+            };
+        for (code, message, lost) in [
+            (404, "No such container: x", true),
+            (409, "Container x is not running", true),
+            (
+                500,
+                "can only create exec sessions on running containers: container state improper",
+                true,
+            ),
+            (500, "internal error", false),
+            (400, "bad request", false),
+        ] {
+            let kind = exec_error("x", answer(code, message)).kind();
+            assert_eq!(
+                kind == ErrorKind::RunLost,
+                lost,
+                "{code} {message}: {kind:?}"
+            );
+        }
+    }
 
     #[test]
     fn engine_messages_are_read() {

@@ -525,6 +525,7 @@ pub fn status_to_exit(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn an_exec_into_a_container_that_stopped_is_a_lost_run() {
@@ -549,8 +550,6 @@ mod tests {
         }
     }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
-
-    use super::*;
 
     /// The exec as core hands it over: the spec's env, then the exec marker.
     fn marked(spec: &ExecSpec, marker: &str) -> ExecSpec {
