@@ -107,6 +107,8 @@ fn an_unschedulable_pod_shows_why_while_waiting() {
         "start",
         "--image",
         image.as_str(),
+        "--pull",
+        "never",
     ];
     args.extend(labels.iter().map(String::as_str));
     let started = Instant::now();

@@ -89,10 +89,11 @@ impl Sandbox {
         format!("{TEST_LABEL}={}", self.label_value)
     }
 
-    /// `sandbox start` with the test's labels and image, plus `args`; the run id.
+    /// `sandbox start` with the test's labels and image (local: never pulled, so that no
+    /// test reaches for a registry), plus `args`; the run id.
     pub fn start(&self, args: &[&str]) -> String {
         let image = image();
-        let mut all = vec!["start", "--image", image.as_str()];
+        let mut all = vec!["start", "--image", image.as_str(), "--pull", "never"];
         let labels = self.labels();
         all.extend(labels.iter().map(String::as_str));
         all.extend(args);
@@ -106,7 +107,7 @@ impl Sandbox {
     /// `sandbox run` with the test's labels and image: `run [args] -- argv`.
     pub fn run_cmd(&self, args: &[&str], argv: &[&str]) -> Command {
         let image = image();
-        let mut all = vec!["run", "--image", image.as_str()];
+        let mut all = vec!["run", "--image", image.as_str(), "--pull", "never"];
         let labels = self.labels();
         all.extend(labels.iter().map(String::as_str));
         all.extend(args);
