@@ -8,9 +8,14 @@
 //! `TCP_NODELAY`. With a proxy in the kubeconfig, kube builds the client itself.
 //! Left out: kube's `HTTP` debug spans, and `Client::valid_until` (the expiry of an exec
 //! plugin's client certificate, computed by kube internally; nothing here reads it).
+//! Added: an idempotent request (GET, HEAD, PUT, DELETE) that met a pooled connection the
+//! server had just closed ("connection closed before message completed": the server's
+//! idle close crossed our request) is sent again, once or twice, on a new connection
+//! ([`StaleConnectionRetry`]); kube's own retries look at status codes only.
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use kube::client::Body;
 use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
 use kube::{Client, Config};
@@ -34,6 +39,7 @@ pub(crate) fn build(config: Config) -> kube::Result<Client> {
     let http = hyper_util::client::legacy::Builder::new(TokioExecutor::new()).build(connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .layer(RetryLayer::new(StaleConnectionRetry { left: 2 }))
         .option_layer(
             config
                 .default_retry
@@ -44,4 +50,101 @@ pub(crate) fn build(config: Config) -> kube::Result<Client> {
         .map_err(BoxError::from)
         .service(http);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// Sends an idempotent request again when the connection it went out on was closed by the
+/// server before any answer: nothing of it was processed, or processing it twice is the
+/// same (GET, HEAD, PUT, DELETE). At most `left` more times.
+#[derive(Clone, Copy, Debug)]
+struct StaleConnectionRetry {
+    left: u8,
+}
+
+impl StaleConnectionRetry {
+    /// Whether `e` says the connection closed under the request before any answer.
+    fn stale(e: &(dyn std::error::Error + 'static)) -> bool {
+        let mut next = Some(e);
+        while let Some(e) = next {
+            if let Some(h) = e.downcast_ref::<hyper::Error>()
+                && (h.is_incomplete_message() || h.is_canceled())
+            {
+                return true;
+            }
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && matches!(
+                    io.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                )
+            {
+                return true;
+            }
+            next = e.source();
+        }
+        false
+    }
+}
+
+impl<Res> tower::retry::Policy<http::Request<Body>, http::Response<Res>, BoxError>
+    for StaleConnectionRetry
+{
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        req: &mut http::Request<Body>,
+        result: &mut Result<http::Response<Res>, BoxError>,
+    ) -> Option<Self::Future> {
+        let idempotent = matches!(
+            *req.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::PUT | http::Method::DELETE
+        );
+        match result {
+            Err(e) if self.left > 0 && idempotent && Self::stale(&**e) => {
+                self.left -= 1;
+                tracing::debug!(method = %req.method(), uri = %req.uri(), "a pooled connection was closed under the request: sending it again");
+                Some(std::future::ready(()))
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, req: &http::Request<Body>) -> Option<http::Request<Body>> {
+        let body = req.body().try_clone()?;
+        let mut copy = http::Request::builder()
+            .method(req.method().clone())
+            .uri(req.uri().clone())
+            .version(req.version())
+            .body(body)
+            .ok()?;
+        *copy.headers_mut() = req.headers().clone();
+        *copy.extensions_mut() = req.extensions().clone();
+        Some(copy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_connection_is_stale_and_other_errors_are_not() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("client error (SendRequest)")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let reset = || std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(StaleConnectionRetry::stale(&reset()));
+        let wrapped: BoxError = Box::new(Outer(reset()));
+        assert!(StaleConnectionRetry::stale(&*wrapped));
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(!StaleConnectionRetry::stale(&refused));
+    }
 }

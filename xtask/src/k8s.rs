@@ -25,6 +25,12 @@ pub fn state_dir() -> PathBuf {
         .unwrap_or_else(|| repo().join("target/k8s"))
 }
 
+/// The node's registry hosts directory (containerd's `config_path`, `realnode.sh`): a
+/// `<host:port>/hosts.toml` there makes the node trust a registry's CA.
+pub fn registry_hosts_dir() -> PathBuf {
+    state_dir().join("realnode/etc/certs.d")
+}
+
 fn script(name: &str) -> Command {
     let mut cmd = Command::new("bash");
     cmd.arg(repo().join("testenv/k8s").join(name))

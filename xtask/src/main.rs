@@ -290,10 +290,12 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             (SESSION_ENV, session),
         ],
     )?;
-    // A private pull through imagePullSecrets from a registry on loopback, last: it
-    // pulls the suite image's ID under another name, and containerd 1.6's CRI image
-    // store then no longer finds the imported sandbox-test/busybox:latest
-    // (ErrImageNeverPull) although `ctr images ls` still lists it.
+    // Private pulls through imagePullSecrets from registries on loopback, HTTP and HTTPS
+    // with a CA of their own that the test makes the node trust in its registry hosts
+    // directory. (Each pushes an image ID of its own: pulling the suite image's ID under
+    // another name made containerd 1.6's CRI image store lose the imported
+    // sandbox-test/busybox:latest.)
+    let hosts = k8s::registry_hosts_dir();
     cargo(
         &[
             "test",
@@ -303,7 +305,14 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             "--test",
             "private_pull",
         ],
-        &[("KUBECONFIG", restricted), (TEST_ENV, "k8s")],
+        &[
+            ("KUBECONFIG", restricted),
+            (TEST_ENV, "k8s"),
+            (
+                "RUNCELL_TESTENV_REGISTRY_HOSTS",
+                hosts.to_str().context("a UTF-8 state directory")?,
+            ),
+        ],
     )?;
     k8s::assert_no_leftovers(admin, session)
 }

@@ -3,6 +3,7 @@
 //! Kubernetes driver's pull test.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -134,8 +135,9 @@ impl Drop for LocalTag {
     }
 }
 
-/// Tags the suite's image as `<host>/<repo>/busybox:<unique>`, pushes it with a login of
-/// the test's own, and removes the local copy (so that a run must pull it).
+/// The suite's image with a label of its own as `<host>/<repo>/busybox:<unique>` (an image
+/// ID of its own: a node that pulls it never confuses it with the suite's image), pushed
+/// with a login of the test's own; the local copy is removed (so that a run must pull it).
 pub fn push_test_image(host: &str, repo: &str) -> (String, LocalTag) {
     let unique = format!("{}-{}", std::process::id(), rand_suffix());
     let tag = format!("{host}/{repo}/busybox:{unique}");
@@ -144,7 +146,20 @@ pub fn push_test_image(host: &str, repo: &str) -> (String, LocalTag) {
     let local = LocalTag(tag.clone());
     let login = tempfile::tempdir().unwrap();
     let login_dir = login.path().to_str().unwrap();
-    docker(&["tag", &image, &tag], None);
+    // A container that never starts, committed with the label: no build, no network.
+    let container = format!("runcell-push-{unique}");
+    docker(&["create", "--name", &container, &image, "true"], None);
+    let label = format!("LABEL runcell.test.push={unique}");
+    let committed = Command::new("docker")
+        .args(["commit", "--change", &label, &container, &tag])
+        .output()
+        .unwrap();
+    docker(&["rm", "-f", &container], None);
+    assert!(
+        committed.status.success(),
+        "docker commit: {}",
+        String::from_utf8_lossy(&committed.stderr)
+    );
     docker(
         &[
             "--config",
@@ -168,4 +183,78 @@ pub fn rand_suffix() -> u64 {
         .unwrap()
         .subsec_nanos()
         .into()
+}
+
+/// `openssl` with `args` in `dir`; fails the test on an error.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn new_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}-key.pem"),
+            "-out",
+            &format!("{name}-cert.pem"),
+        ],
+    );
+}
+
+/// A key and a certificate signed by `ca`, in `dir`: `<name>-key.pem`, `<name>-cert.pem`.
+pub fn issue(dir: &Path, ca: &str, name: &str, ext: &str) {
+    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+    openssl(dir, &["genrsa", "-out", &format!("{name}-key.pem"), "2048"]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-subj",
+            &format!("/CN={name}"),
+            "-key",
+            &format!("{name}-key.pem"),
+            "-out",
+            &format!("{name}.csr"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}-cert.pem"),
+            "-CAkey",
+            &format!("{ca}-key.pem"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}-cert.pem"),
+            "-extfile",
+            &format!("{name}.ext"),
+        ],
+    );
 }
