@@ -18,8 +18,11 @@
 //! Connect directly with [`K8sDriver::connect`], or through the registry as `k8s`
 //! (config from `RUNCELL_K8S_*`: `namespace`, `runtime_class`, `node_selector`
 //! (`k=v,k=v`), `tolerations` (JSON), `pod_labels`, `pod_annotations`,
-//! `image_pull_secrets` (`name,name`), `ready_timeout_secs`, `sync_workspace_on_stop`, `exec_v4_compatible`). The cluster comes
-//! from `KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
+//! `image_pull_secrets` (`name,name`), `ready_timeout_secs`, `sync_workspace_on_stop`, `exec_v4_compatible`,
+//! and the workspace's volume: `workspace_claim` (an existing claim) or a per-run claim
+//! with `workspace_size`, `workspace_storage_class`, `workspace_keep`; see
+//! [`WorkspaceVolume`]). The cluster comes from `KUBECONFIG`, `~/.kube/config` or the
+//! in-cluster service account.
 //!
 //! The driver is a [`runcell_core::raw::Backend`]: everything shared (validation,
 //! capabilities, labels, cleanup, the liveness check, post-create, timeouts and kills) is
@@ -49,14 +52,30 @@
 //! # Starting a run
 //!
 //! `create` succeeds only when the pod runs AND answers an exec (core's liveness check).
-//! Otherwise it fails at once with a typed error, and removes the pod and its CA Secret:
+//! Otherwise it fails at once with a typed error, and removes the pod, its CA Secret and
+//! its own workspace claim (unless kept):
 //! an image that cannot be used is [`ErrorKind::NotFound`] (pull problems) or
 //! [`ErrorKind::InvalidSpec`] (an invalid reference) naming the field `image` and the
 //! container's waiting reason; a keep-alive that exits at once (no `sleep` in the image, a
 //! `sleep` without `infinity`) or a pod that does not answer `sh -c :` is
 //! [`ErrorKind::StartFailed`] with the exit code and log tail (context `exit_code`,
 //! `log`); a working directory that cannot be entered is [`ErrorKind::NotFound`] naming
-//! the field `working_dir`.
+//! the field `working_dir`. A workspace claim that cannot bind fails it too, naming the
+//! claim: an existing claim that is missing is [`ErrorKind::NotFound`] naming
+//! `workspace_claim` before anything is created; a StorageClass that does not exist is
+//! [`ErrorKind::NotFound`] naming `workspace_storage_class` as soon as the claim's events
+//! say so; a claim still unbound at the ready timeout is [`ErrorKind::Timeout`] with the
+//! claim's phase and events.
+//!
+//! # The workspace on a PersistentVolumeClaim
+//!
+//! [`K8sConfig::workspace_volume`] puts the workspace on an existing claim
+//! ([`WorkspaceVolume::Claim`]: what a run writes stays for the next) or on a claim made
+//! for the run ([`WorkspaceVolume::PerRun`]: `<run id>-ws`, labelled like the run,
+//! created right after the pod with an `ownerReference` to it, so that deleting the pod
+//! (stop, remove, reap, or a creator that died) has the garbage collector delete it;
+//! stop also deletes it itself). With `keep` it has no owner and the label
+//! [`WORKSPACE_KEPT_LABEL`], and stays after the run until you delete it.
 #![forbid(unsafe_code)]
 
 mod ca;
@@ -67,13 +86,14 @@ mod exec;
 mod files;
 mod pod;
 mod readiness;
+mod volume;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use runcell_core::labels;
@@ -82,9 +102,12 @@ use runcell_core::{
     ByteStream, Bytes, Capabilities, Error, ErrorKind, ExecSpec, Progress, Result, RunInfo,
 };
 
-pub use config::K8sConfig;
+pub use config::{DEFAULT_WORKSPACE_SIZE, K8sConfig, WorkspaceVolume};
 pub use exec::{WRAPPER, header, sh_quote};
-pub use pod::{CONTAINER, KEEPALIVE, PodTemplate, ca_secret_name, run_objects};
+pub use pod::{
+    CONTAINER, KEEPALIVE, PodTemplate, WORKSPACE_KEPT_LABEL, ca_secret_name, run_objects,
+    workspace_claim_name,
+};
 
 runcell_core::register_driver!(
     K8sDriver,
@@ -150,7 +173,7 @@ impl RunState {
         let workspace = container
             .iter()
             .flat_map(|c| c.volume_mounts.iter().flatten())
-            .find(|m| m.name == "workspace")
+            .find(|m| m.name == pod::WORKSPACE_VOLUME)
             .map(|m| m.mount_path.clone())
             .unwrap_or_else(|| runcell_core::DEFAULT_WORKSPACE_PATH.into());
         let host_dir = pod
@@ -180,6 +203,10 @@ impl K8sDriver {
     }
 
     fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
@@ -246,6 +273,9 @@ impl Backend for K8sDriver {
 
     async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
         let (spec, id) = (plan.spec, plan.id.as_str());
+        // A bad name or size, or an existing claim that is not there: before anything is
+        // created.
+        self.check_workspace_volume().await?;
         let (mut pod, secret) = run_objects(
             spec,
             id,
@@ -256,6 +286,9 @@ impl Backend for K8sDriver {
         )?;
         if plan.pool.is_some() {
             pod::add_ca_dir(&mut pod);
+        }
+        if let Some(claim) = self.workspace_claim(id) {
+            pod::workspace_on_claim(&mut pod, &claim.name);
         }
         self.remember(
             id,
@@ -289,12 +322,28 @@ impl Backend for K8sDriver {
                     })
             })
             .await?;
+        let uid = created.metadata.uid.unwrap_or_default();
         if secret.is_some() {
             // At once, so that the window in which a crash could orphan it is tiny.
-            let uid = created.metadata.uid.unwrap_or_default();
             self.adopt_secret(id, &uid).await?;
         }
-        self.wait_ready(plan).await
+        // The run's own claim, after the pod (which waits Pending until it binds) and owned
+        // by it unless kept: nothing can leak in between.
+        self.create_workspace_claim(plan, &uid).await?;
+        let ready = self.wait_ready(plan).await;
+        if ready.is_err()
+            && matches!(
+                self.config.workspace_volume,
+                WorkspaceVolume::PerRun { keep: true, .. }
+            )
+        {
+            // The pod never ran: its kept claim holds nothing of a run (core's cleanup
+            // removes the pod, and would leave a kept claim).
+            if let Err(e) = self.delete_workspace_claim(id, true).await {
+                tracing::warn!(run = id, "the kept claim of a failed create stays: {e}");
+            }
+        }
+        ready
     }
 
     async fn prepare_target(&self, plan: &Plan<'_>) -> Result<()> {
@@ -373,16 +422,29 @@ impl Backend for K8sDriver {
             grace_period_seconds: Some(0),
             ..DeleteParams::background()
         };
-        match self.pods().delete(id, &now).await {
-            Ok(_) => {}
-            Err(e) if error::code(&e) == Some(404) => {}
+        // Whether the run's workspace is a claim of its own: the deleted pod says; when it
+        // was gone already (a create cancelled early), this driver's config (a claim left
+        // by another config goes by garbage collection; a Role without claims is enough
+        // for runs without them).
+        let per_run = matches!(self.config.workspace_volume, WorkspaceVolume::PerRun { .. });
+        let own_claim = match self.pods().delete(id, &now).await {
+            Ok(deleted) => deleted.left().map_or(per_run, |pod| {
+                pod::workspace_claim_of(&pod) == Some(workspace_claim_name(id).as_str())
+            }),
+            Err(e) if error::code(&e) == Some(404) => per_run,
             Err(e) => return Err(error::map("delete pod", e).with("run", id)),
-        }
-        match self.secrets().delete(&ca_secret_name(id), &now).await {
+        };
+        let secret = match self.secrets().delete(&ca_secret_name(id), &now).await {
             Ok(_) => Ok(()),
             Err(e) if error::code(&e) == Some(404) => Ok(()),
             Err(e) => Err(error::map("delete CA secret", e).with("run", id)),
-        }
+        };
+        // Deleted here too (not only by garbage collection, which may lag), unless kept.
+        let claim = match own_claim {
+            true => self.delete_workspace_claim(id, false).await,
+            false => Ok(()),
+        };
+        secret.and(claim)
     }
 
     async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
@@ -563,6 +625,11 @@ impl Backend for K8sDriver {
             match self.pods().delete(run_id, &delete).await {
                 Ok(_) => {
                     self.forget(run_id);
+                    // A warm pod's own claim never held a run's work: it goes, kept or not.
+                    if pod::workspace_claim_of(&pod) == Some(workspace_claim_name(run_id).as_str())
+                    {
+                        self.delete_workspace_claim(run_id, true).await?;
+                    }
                     return Ok(());
                 }
                 Err(e) if error::code(&e) == Some(404) => return Ok(()),

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, Pod,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
     PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
-    SecurityContext, Toleration, Volume, VolumeMount,
+    SecurityContext, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use runcell_core::{Error, PullPolicy, Result, RunSpec, ca};
 
 /// The name of the workload container.
@@ -54,6 +55,98 @@ pub fn ca_secret_name(run_id: &str) -> String {
     format!("{run_id}-ca")
 }
 
+/// The name of a run's own workspace claim ([`crate::WorkspaceVolume::PerRun`]).
+pub fn workspace_claim_name(run_id: &str) -> String {
+    format!("{run_id}-ws")
+}
+
+/// The name of the pod's workspace volume (and of its mount).
+pub const WORKSPACE_VOLUME: &str = "workspace";
+
+/// The label (value `true`) of a per-run workspace claim that stays after the run
+/// (`keep`): no owner, not deleted with the run; the user deletes it.
+pub const WORKSPACE_KEPT_LABEL: &str = "sandbox.dev/workspace-kept";
+
+/// Puts the pod's workspace on the PersistentVolumeClaim `claim` instead of its
+/// `emptyDir`, at the same mount path.
+pub fn workspace_on_claim(pod: &mut Pod, claim: &str) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    for volume in spec.volumes.iter_mut().flatten() {
+        if volume.name == WORKSPACE_VOLUME {
+            *volume = Volume {
+                name: WORKSPACE_VOLUME.into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.into(),
+                    read_only: None,
+                }),
+                ..Default::default()
+            };
+        }
+    }
+}
+
+/// The claim a pod's workspace is on, if it is on one.
+pub fn workspace_claim_of(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == WORKSPACE_VOLUME)?
+        .persistent_volume_claim
+        .as_ref()
+        .map(|c| c.claim_name.as_str())
+}
+
+/// A run's own workspace claim ([`workspace_claim_name`]): `labels` are the run's (as on
+/// its CA Secret), plus [`WORKSPACE_KEPT_LABEL`] when `owner` is `None`; `owner` is the
+/// pod's `(name, uid)`, whose deletion then deletes the claim (garbage collection).
+/// `ReadWriteOnce`, `size` requested. Pure: snapshotted in tests.
+pub fn workspace_claim(
+    run_id: &str,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    storage_class: Option<&str>,
+    size: &str,
+    owner: Option<(&str, &str)>,
+) -> PersistentVolumeClaim {
+    let mut labels = labels.clone();
+    if owner.is_none() {
+        labels.insert(WORKSPACE_KEPT_LABEL.into(), "true".into());
+    }
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(workspace_claim_name(run_id)),
+            namespace: Some(namespace.into()),
+            labels: Some(labels),
+            owner_references: owner.map(|(name, uid)| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    name: name.into(),
+                    uid: uid.into(),
+                    block_owner_deletion: Some(false),
+                    controller: None,
+                }]
+            }),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(size.into()),
+                )])),
+                ..Default::default()
+            }),
+            storage_class_name: storage_class.map(String::from),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The objects of a run: its Pod and, when `ca_pem` is given (the spec's CA bundle, parsed
 /// and normalized), the CA Secret that carries it. `labels` are the run's full labels; the
 /// container's env is [`RunSpec::run_env`]. Errors only for what Kubernetes cannot express
@@ -83,12 +176,12 @@ pub fn run_objects(
     }
 
     let mut volumes = vec![Volume {
-        name: "workspace".into(),
+        name: WORKSPACE_VOLUME.into(),
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     }];
     let mut mounts = vec![VolumeMount {
-        name: "workspace".into(),
+        name: WORKSPACE_VOLUME.into(),
         mount_path: spec.workspace.path.clone(),
         ..Default::default()
     }];
@@ -451,6 +544,65 @@ mod tests {
         .unwrap();
         insta::assert_yaml_snapshot!("full_spec_pod", pod);
         insta::assert_yaml_snapshot!("full_spec_secret", secret);
+    }
+
+    /// The workspace on an existing claim: the same mount, the volume a claim.
+    #[test]
+    fn claim_workspace_pod() {
+        let spec = RunSpec::new("busybox:1.36").workspace_path("/src");
+        let (mut pod, _) = run_objects(
+            &spec,
+            "sbx-000000000001",
+            "default",
+            &labels(&spec),
+            None,
+            &PodTemplate::default(),
+        )
+        .unwrap();
+        assert_eq!(workspace_claim_of(&pod), None);
+        workspace_on_claim(&mut pod, "agent-cache");
+        assert_eq!(workspace_claim_of(&pod), Some("agent-cache"));
+        insta::assert_yaml_snapshot!(pod);
+    }
+
+    /// A run's own claim: the run's labels, owned by its pod (garbage collection deletes
+    /// it with the pod); kept, it has no owner and says so in a label.
+    #[test]
+    fn per_run_claim() {
+        let spec = RunSpec::new("busybox:1.36").label("team", "agents");
+        let claim = workspace_claim(
+            "sbx-000000000001",
+            "agents",
+            &labels(&spec),
+            Some("fast"),
+            "2Gi",
+            Some(("sbx-000000000001", "0f6c2a8e-0000-4000-8000-000000000001")),
+        );
+        insta::assert_yaml_snapshot!(claim);
+
+        let kept = workspace_claim(
+            "sbx-000000000001",
+            "agents",
+            &labels(&spec),
+            None,
+            "2Gi",
+            None,
+        );
+        let meta = &kept.metadata;
+        assert_eq!(meta.owner_references, None);
+        let kept_labels = meta.labels.clone().unwrap();
+        assert_eq!(
+            kept_labels.get(WORKSPACE_KEPT_LABEL).map(String::as_str),
+            Some("true")
+        );
+        let mut without = kept_labels.clone();
+        without.remove(WORKSPACE_KEPT_LABEL);
+        assert_eq!(without, labels(&spec));
+        assert_eq!(
+            kept.spec.and_then(|s| s.storage_class_name),
+            None,
+            "no class given: the cluster's default"
+        );
     }
 
     #[test]

@@ -46,7 +46,16 @@ impl K8sDriver {
             }
             false
         };
-        let waited = tokio::time::timeout(timeout, await_condition(self.pods(), id, cond)).await;
+        let waiting = tokio::time::timeout(timeout, await_condition(self.pods(), id, cond));
+        // A workspace claim that cannot bind fails the wait as soon as it says so.
+        let claim = self.workspace_claim(id);
+        let waited = match &claim {
+            None => waiting.await,
+            Some(claim) => tokio::select! {
+                waited = waiting => waited,
+                e = self.claim_failure(claim) => return Err(self.with_events(e, id).await),
+            },
+        };
         let pod = match waited {
             Ok(Ok(pod)) => pod,
             Ok(Err(e)) => {
@@ -57,14 +66,29 @@ impl K8sDriver {
             Err(_) => {
                 let pod = self.pods().get_opt(id).await.ok().flatten();
                 let why = pod.as_ref().map(pending_reason).unwrap_or_default();
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "the pod did not run within {timeout:?}: {why}{}",
-                        self.events(id).await
+                let unbound = match &claim {
+                    Some(claim) => self.unbound_claim(claim).await.map(|text| (claim, text)),
+                    None => None,
+                };
+                let e = match &unbound {
+                    Some((claim, text)) => Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "the pod did not run within {timeout:?}: {text}; the pod: {why}{}",
+                            self.events(id).await
+                        ),
+                    )
+                    .with_field(claim.field())
+                    .with("claim", &claim.name),
+                    None => Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "the pod did not run within {timeout:?}: {why}{}",
+                            self.events(id).await
+                        ),
                     ),
-                )
-                .with("run", id));
+                };
+                return Err(e.with("run", id));
             }
         };
         let Some(pod) = pod else {

@@ -5,10 +5,12 @@
 #
 # Usage: cluster.sh up|down|status
 #   up      build binaries if needed, create certs, start everything, wait for the
-#           node to be Ready; the LAST line of stdout is the kubeconfig path.
+#           node to be Ready, apply the StorageClass runcell-hostpath (dynamic hostPath
+#           volumes); the LAST line of stdout is the kubeconfig path.
 #   down    stop the node (its pods, containerd, the kubelet: realnode.sh down), then
-#           the control plane, and remove the cluster state (etcd data, pid files).
-#           Binaries and certificates are kept.
+#           the control plane, and remove the cluster state (etcd data, pid files,
+#           the hostPath volumes of StorageClass runcell-hostpath). Binaries and
+#           certificates are kept.
 #   status  show which processes run and whether the node is Ready (exit 0 if up).
 #
 # Environment (prefix RUNCELL_TESTENV_: RUNCELL_K8S_* is the k8s driver's config, and
@@ -45,6 +47,11 @@ run=$state/run
 logs=$state/logs
 kubeconfig=$state/kubeconfig
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+# Where the controller manager's hostPath provisioner (--enable-hostpath-provisioner,
+# StorageClass runcell-hostpath) makes its volumes: /tmp/hostpath_pv/<uuid>, fixed in
+# k8s.io/kubernetes pkg/volume/hostpath (its deleter removes them when their claim goes;
+# `down` removes what is left).
+hostpath_pv_dir=/tmp/hostpath_pv
 
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -265,6 +272,7 @@ cmd_up() {
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
     --use-service-account-credentials=false --profiling=false \
+    --enable-hostpath-provisioner \
     --cert-dir "$run/kcm-certs"
   start kube-scheduler "$cp_bin/kube-scheduler" \
     --kubeconfig "$kubeconfig" \
@@ -276,6 +284,16 @@ cmd_up() {
     RUNCELL_REALNODE_READY_TIMEOUT=$ready_timeout "$here/realnode.sh" up >/dev/null
   wait_for kube-controller-manager "$ready_timeout" "node $node_name to lose its not-ready taint" node_untainted
   wait_for kube-controller-manager 60 "the default ServiceAccount" default_sa
+  # Dynamic hostPath volumes (single node, tests only) for workspace claims.
+  kubectl apply -f - >/dev/null <<'EOF' || die "cannot create the StorageClass runcell-hostpath"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: runcell-hostpath
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOF
   for c in "${components[@]}"; do
     running "$c" || fail_with_log "$c" "$c is not running"
   done
@@ -310,7 +328,7 @@ cmd_down() {
   RUNCELL_TESTENV_STATE=$state RUNCELL_REALNODE_NAME=$node_name "$here/realnode.sh" down
   stop_components kube-scheduler kube-controller-manager kube-apiserver
   stop_components etcd
-  rm -rf "$state/etcd" "$state/node" "$run" "$kubeconfig"
+  rm -rf "$state/etcd" "$state/node" "$run" "$kubeconfig" "$hostpath_pv_dir"
   log "cluster down (kept $state/bin and $state/pki)"
 }
 

@@ -96,7 +96,7 @@ pub fn smoke(kubeconfig: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Fails if the cluster holds a pod, Secret or ConfigMap made by the library in this
+/// Fails if the cluster holds a pod, Secret, ConfigMap or claim made by the library in this
 /// test session (label `sandbox.conformance/session=<session>`); other objects, a
 /// developer's own or a parallel job's, are not this session's business.
 pub fn assert_no_leftovers(kubeconfig: &Path, session: &str) -> Result<()> {
@@ -107,7 +107,7 @@ pub fn assert_no_leftovers(kubeconfig: &Path, session: &str) -> Result<()> {
     let mut get = kubectl(kubeconfig)?;
     get.args([
         "get",
-        "pods,secrets,configmaps",
+        "pods,secrets,configmaps,persistentvolumeclaims",
         "--all-namespaces",
         "-l",
         &selector,

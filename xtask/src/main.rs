@@ -314,6 +314,18 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             ),
         ],
     )?;
+    // The workspace on PersistentVolumeClaims (StorageClass runcell-hostpath).
+    cargo(
+        &[
+            "test",
+            "--quiet",
+            "-p",
+            "runcell-k8s",
+            "--test",
+            "workspace_claim",
+        ],
+        &[("KUBECONFIG", restricted), (TEST_ENV, "k8s")],
+    )?;
     k8s::assert_no_leftovers(admin, session)
 }
 
