@@ -30,11 +30,14 @@ pub fn driver_config(
         return Ok(DriverConfig::from_env(driver));
     }
     let prefix = DriverConfig::env_prefix(driver);
-    let mut merged: BTreeMap<String, String> =
-        runcell_core::envvar::prefixed(&prefix, std::env::vars())
-            .into_iter()
-            .map(|(rest, (_, value))| (rest.to_ascii_lowercase(), value))
-            .collect();
+    let mut merged: BTreeMap<String, String> = runcell_core::envvar::prefixed(
+        &prefix,
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+    )
+    .into_iter()
+    .map(|(rest, (_, value))| (rest.to_ascii_lowercase(), value))
+    .collect();
     merged.extend(given);
     Ok(DriverConfig::new(driver, merged))
 }

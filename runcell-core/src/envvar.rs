@@ -39,7 +39,7 @@ pub fn deprecated_name(name: &str) -> Option<String> {
 
 /// The variables among `vars` whose names start with `prefix` (a `RUNCELL_` prefix such
 /// as `RUNCELL_DOCKER_`) or with its deprecated spelling (`SANDBOX_DOCKER_`), keyed by the
-/// rest of the name: each is the name as written and the value. Where both spellings
+/// rest of the name in lower case: each is the name as written and the value. Where both spellings
 /// give the same rest, the `RUNCELL_` one wins. Every deprecated name taken logs a
 /// deprecation warning (once per name and process). A prefix without `RUNCELL_` has no
 /// deprecated spelling.
@@ -50,8 +50,9 @@ where
     V: Into<String>,
 {
     let found = select_prefixed(prefix, vars);
-    for (rest, (name, _)) in &found {
-        if !name.starts_with(prefix) {
+    let old_prefix = deprecated_name(prefix);
+    for (name, _) in found.values() {
+        if let Some(rest) = old_prefix.as_deref().and_then(|p| name.strip_prefix(p)) {
             warn_deprecated(name, &format!("{prefix}{rest}"));
         }
     }
@@ -86,12 +87,14 @@ where
         } else {
             continue;
         };
+        // Keys are read case-blind (`DriverConfig` lowercases them): so is the shadowing.
+        let key = rest.to_ascii_lowercase();
         let shadowed = !current
             && found
-                .get(&rest)
+                .get(&key)
                 .is_some_and(|(written, _)| written.starts_with(prefix));
         if !shadowed {
-            found.insert(rest, (name, value.into()));
+            found.insert(key, (name, value.into()));
         }
     }
     found
@@ -179,8 +182,12 @@ mod tests {
                 ("RUNCELL_T3_C", "new c"),
                 ("RUNCELL_T30_D", "other prefix"),
                 ("PATH", "/bin"),
+                ("RUNCELL_T3_E", "new e"),
+                ("SANDBOX_T3_e", "old e"),
             ],
             [
+                ("SANDBOX_T3_e", "old e"),
+                ("RUNCELL_T3_E", "new e"),
                 ("PATH", "/bin"),
                 ("RUNCELL_T30_D", "other prefix"),
                 ("RUNCELL_T3_C", "new c"),
@@ -197,9 +204,10 @@ mod tests {
             assert_eq!(
                 found,
                 [
-                    ("A", "RUNCELL_T3_A", "new a"),
-                    ("B", "SANDBOX_T3_B", "old b"),
-                    ("C", "RUNCELL_T3_C", "new c"),
+                    ("a", "RUNCELL_T3_A", "new a"),
+                    ("b", "SANDBOX_T3_B", "old b"),
+                    ("c", "RUNCELL_T3_C", "new c"),
+                    ("e", "RUNCELL_T3_E", "new e"),
                 ]
             );
         }

@@ -75,8 +75,9 @@ pub fn driver_names() -> Result<Vec<&'static str>> {
     Ok(names)
 }
 
-/// Driver names that cannot be used: their config variables (`RUNCELL_<NAME>_*`) would
-/// take runcell's own variables (`RUNCELL_EXEC_HELPER`, `RUNCELL_TEST`, ...) as config.
+/// Driver names that cannot be used, nor names that start with one of them and `-` or
+/// `_`: their config variables (`RUNCELL_<NAME>_*`) would take runcell's own variables
+/// (`RUNCELL_EXEC_HELPER`, `RUNCELL_TEST_CHILD_IMAGE`, ...) as config.
 pub const RESERVED_DRIVER_NAMES: &[&str] = &[
     "cli",
     "config",
@@ -95,7 +96,11 @@ pub const RESERVED_DRIVER_NAMES: &[&str] = &[
 /// the clash for a reserved name ([`RESERVED_DRIVER_NAMES`]).
 fn lookup(name: &str) -> Result<&'static DriverFactory> {
     let normal = name.to_ascii_lowercase().replace('-', "_");
-    if RESERVED_DRIVER_NAMES.contains(&normal.as_str()) {
+    // `conformance_image` would take RUNCELL_CONFORMANCE_IMAGE_ID: a prefix clashes too.
+    if RESERVED_DRIVER_NAMES
+        .iter()
+        .any(|r| normal == *r || normal.starts_with(&format!("{r}_")))
+    {
         return Err(Error::new(
             ErrorKind::Config,
             format!(
@@ -204,7 +209,11 @@ impl DriverConfig {
     /// with a deprecation warning (see [`crate::envvar`]); when both spellings of one key
     /// are set, the `RUNCELL_` one wins.
     pub fn from_env(driver: &str) -> DriverConfig {
-        DriverConfig::from_vars(driver, std::env::vars())
+        DriverConfig::from_vars(
+            driver,
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
     }
 
     /// [`from_env`](DriverConfig::from_env) over the given variables instead of the

@@ -14,6 +14,7 @@ runcell_core::register_driver!("twin", "first", never);
 runcell_core::register_driver!("twin", "second", never);
 runcell_core::register_driver!("single", "only", never);
 runcell_core::register_driver!("Helper", "a reserved name", never);
+runcell_core::register_driver!("conformance-image", "a reserved prefix", never);
 
 #[tokio::test]
 async fn a_duplicate_name_fails_its_lookups_naming_both() {
@@ -47,7 +48,11 @@ async fn unknown_names_are_still_not_found() {
         .map(|_| ())
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-    assert!(e.message().contains("[Helper, single, twin]"), "{e}");
+    assert!(
+        e.message()
+            .contains("[Helper, conformance-image, single, twin]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -62,7 +67,7 @@ fn listing_still_works_and_shows_both() {
     assert!(twins.contains(&"first") && twins.contains(&"second"));
     assert_eq!(
         runcell_core::driver_names().unwrap(),
-        ["Helper", "single", "twin"]
+        ["Helper", "conformance-image", "single", "twin"]
     );
 }
 
@@ -74,4 +79,12 @@ async fn a_reserved_name_is_refused_naming_the_clash() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
     assert!(e.message().contains("RUNCELL_HELPER_"), "{e}");
+    // A name that only starts with a reserved one clashes too
+    // (RUNCELL_CONFORMANCE_IMAGE_ID would be its config).
+    let e = runcell_core::connect("conformance-image", DriverConfig::default())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(e.message().contains("RUNCELL_CONFORMANCE_IMAGE_"), "{e}");
 }

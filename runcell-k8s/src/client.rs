@@ -8,7 +8,8 @@
 //! `TCP_NODELAY`. With a proxy in the kubeconfig, kube builds the client itself.
 //! Left out: kube's `HTTP` debug spans, and `Client::valid_until` (the expiry of an exec
 //! plugin's client certificate, computed by kube internally; nothing here reads it).
-//! Added: an idempotent request (GET, HEAD, PUT, DELETE) that met a pooled connection the
+//! Added: an idempotent request (GET, HEAD, PUT, DELETE; never an exec, attach or
+//! port-forward upgrade) that met a pooled connection the
 //! server had just closed ("connection closed before message completed": the server's
 //! idle close crossed our request) is sent again, once or twice, on a new connection
 //! ([`StaleConnectionRetry`]); kube's own retries look at status codes only.
@@ -94,10 +95,17 @@ impl<Res> tower::retry::Policy<http::Request<Body>, http::Response<Res>, BoxErro
         req: &mut http::Request<Body>,
         result: &mut Result<http::Response<Res>, BoxError>,
     ) -> Option<Self::Future> {
-        let idempotent = matches!(
-            *req.method(),
-            http::Method::GET | http::Method::HEAD | http::Method::PUT | http::Method::DELETE
-        );
+        // Never an upgrade (exec, attach, port-forward): the kubelet may have started the
+        // command before the connection broke, and a second one would run it twice.
+        let upgrade = req.headers().contains_key(http::header::UPGRADE)
+            || ["/exec", "/attach", "/portforward"]
+                .iter()
+                .any(|s| req.uri().path().ends_with(s));
+        let idempotent = !upgrade
+            && matches!(
+                *req.method(),
+                http::Method::GET | http::Method::HEAD | http::Method::PUT | http::Method::DELETE
+            );
         match result {
             Err(e) if self.left > 0 && idempotent && Self::stale(&**e) => {
                 self.left -= 1;
@@ -125,6 +133,62 @@ impl<Res> tower::retry::Policy<http::Request<Body>, http::Response<Res>, BoxErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exec_is_never_sent_again() {
+        let stale = || -> Result<http::Response<()>, BoxError> {
+            Err(Box::new(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "reset",
+            )))
+        };
+        let request = |method: http::Method, uri: &str, upgrade: bool| {
+            let mut b = http::Request::builder().method(method).uri(uri);
+            if upgrade {
+                b = b.header(http::header::UPGRADE, "websocket");
+            }
+            b.body(Body::empty()).unwrap()
+        };
+        let retried = |mut req: http::Request<Body>| {
+            let mut policy = StaleConnectionRetry { left: 2 };
+            tower::retry::Policy::retry(&mut policy, &mut req, &mut stale()).is_some()
+        };
+        assert!(retried(request(
+            http::Method::GET,
+            "/api/v1/namespaces/n/pods/p",
+            false
+        )));
+        assert!(retried(request(
+            http::Method::DELETE,
+            "/api/v1/namespaces/n/pods/p",
+            false
+        )));
+        assert!(!retried(request(
+            http::Method::POST,
+            "/api/v1/namespaces/n/pods",
+            false
+        )));
+        assert!(!retried(request(
+            http::Method::PATCH,
+            "/api/v1/namespaces/n/pods/p",
+            false
+        )));
+        assert!(!retried(request(
+            http::Method::GET,
+            "/api/v1/namespaces/n/pods/p/exec?command=true",
+            true
+        )));
+        assert!(!retried(request(
+            http::Method::GET,
+            "/api/v1/namespaces/n/pods/p/exec",
+            false
+        )));
+        assert!(!retried(request(
+            http::Method::GET,
+            "/api/v1/namespaces/n/pods/p/attach",
+            false
+        )));
+    }
 
     #[test]
     fn a_closed_connection_is_stale_and_other_errors_are_not() {

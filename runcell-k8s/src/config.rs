@@ -63,10 +63,11 @@ pub enum WorkspaceVolume {
         storage_class: Option<String>,
         /// The requested size, a Kubernetes quantity (`1Gi`, `500Mi`).
         size: String,
-        /// Keep the claim after the run: it is not owned by the pod, carries the label
+        /// Keep the claim after the run: once the run has started (its pod ran, or it
+        /// was claimed from a pool) the claim loses its owner, gets the label
         /// [`WORKSPACE_KEPT_LABEL`](crate::WORKSPACE_KEPT_LABEL) and stays after stop,
-        /// remove or reap until the user deletes it. (A create that fails before the
-        /// pod runs still removes it.)
+        /// remove or reap until the user deletes it. Until then the pod owns it, so a
+        /// create that fails, is cancelled or whose process dies leaves nothing.
         keep: bool,
     },
 }

@@ -74,8 +74,9 @@
 //! for the run ([`WorkspaceVolume::PerRun`]: `<run id>-ws`, labelled like the run,
 //! created right after the pod with an `ownerReference` to it, so that deleting the pod
 //! (stop, remove, reap, or a creator that died) has the garbage collector delete it;
-//! stop also deletes it itself). With `keep` it has no owner and the label
-//! [`WORKSPACE_KEPT_LABEL`], and stays after the run until you delete it.
+//! stop also deletes it itself). With `keep`, once the run has started, it loses its
+//! owner, gets the label [`WORKSPACE_KEPT_LABEL`], and stays after the run until you
+//! delete it.
 #![forbid(unsafe_code)]
 
 mod ca;
@@ -328,22 +329,14 @@ impl Backend for K8sDriver {
             self.adopt_secret(id, &uid).await?;
         }
         // The run's own claim, after the pod (which waits Pending until it binds) and owned
-        // by it unless kept: nothing can leak in between.
+        // by it: nothing can leak in between, whatever becomes of this create.
         self.create_workspace_claim(plan, &uid).await?;
-        let ready = self.wait_ready(plan).await;
-        if ready.is_err()
-            && matches!(
-                self.config.workspace_volume,
-                WorkspaceVolume::PerRun { keep: true, .. }
-            )
-        {
-            // The pod never ran: its kept claim holds nothing of a run (core's cleanup
-            // removes the pod, and would leave a kept claim).
-            if let Err(e) = self.delete_workspace_claim(id, true).await {
-                tracing::warn!(run = id, "the kept claim of a failed create stays: {e}");
-            }
+        self.wait_ready(plan).await?;
+        // A kept claim is let go once the pod runs (a warm pod's at its claim).
+        if plan.pool.is_none() {
+            self.release_kept_claim(id).await?;
         }
-        ready
+        Ok(())
     }
 
     async fn prepare_target(&self, plan: &Plan<'_>) -> Result<()> {
@@ -528,6 +521,7 @@ impl Backend for K8sDriver {
                 Ok(_) => {
                     // Read again from the pod when next needed (host directory).
                     self.forget(id);
+                    self.release_kept_claim(id).await?;
                     return Ok(true);
                 }
                 Err(e) if error::code(&e) == Some(404) => {

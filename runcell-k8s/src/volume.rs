@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use runcell_core::raw::Plan;
 use runcell_core::{Error, ErrorKind, Progress, Result, labels};
 
@@ -88,8 +88,9 @@ impl K8sDriver {
         .with("claim", name))
     }
 
-    /// Right after the pod (uid `pod_uid`): the run's own claim, owned by the pod unless
-    /// kept. A no-op unless the config asks for one.
+    /// Right after the pod (uid `pod_uid`): the run's own claim, owned by the pod (a kept
+    /// one too, until [`K8sDriver::release_kept_claim`]). A no-op unless the config asks
+    /// for one.
     pub(crate) async fn create_workspace_claim(
         &self,
         plan: &Plan<'_>,
@@ -98,7 +99,7 @@ impl K8sDriver {
         let WorkspaceVolume::PerRun {
             storage_class,
             size,
-            keep,
+            ..
         } = &self.config.workspace_volume
         else {
             return Ok(());
@@ -110,7 +111,7 @@ impl K8sDriver {
             &plan.labels,
             storage_class.as_deref(),
             size,
-            (!keep).then_some((id, pod_uid)),
+            Some((id, pod_uid)),
         );
         plan.report(Progress::Step("creating the workspace claim".into()));
         let (claims, run, name) = (self.claims(), id.to_string(), pod::workspace_claim_name(id));
@@ -126,6 +127,34 @@ impl K8sDriver {
                 })
         })
         .await
+    }
+
+    /// Lets a kept claim go once its run has started: no owner any more (deleting the pod
+    /// no longer deletes it) and the label [`pod::WORKSPACE_KEPT_LABEL`]. A no-op unless
+    /// the config keeps per-run claims.
+    pub(crate) async fn release_kept_claim(&self, id: &str) -> Result<()> {
+        if !matches!(
+            self.config.workspace_volume,
+            WorkspaceVolume::PerRun { keep: true, .. }
+        ) {
+            return Ok(());
+        }
+        let name = pod::workspace_claim_name(id);
+        let patch = serde_json::json!({
+            "metadata": {
+                "ownerReferences": null,
+                "labels": { (pod::WORKSPACE_KEPT_LABEL): "true" },
+            }
+        });
+        self.claims()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                error::map("keep workspace claim", e)
+                    .with("run", id)
+                    .with("claim", name)
+            })
     }
 
     /// Deletes run `id`'s own claim (`<id>-ws`) if there is one, it carries the run's

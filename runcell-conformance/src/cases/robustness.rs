@@ -336,6 +336,10 @@ pub async fn an_idle_run_answers_at_once_with_its_background_alive(
     ensure!(out.status.success(), "{}: {}", out.status, out.stderr_str());
     let pid = out.stdout_str().trim().to_string();
     ensure!(pid.parse::<u32>().is_ok(), "no pid: {:?}", out.stdout_str());
+    // What an exec costs on this run before the idle, to judge the one after it.
+    let before = Instant::now();
+    run.exec(ExecSpec::new(["true"])).await?;
+    let usual = before.elapsed();
     tokio::time::sleep(Duration::from_secs(idle)).await;
     let started = Instant::now();
     let out = run
@@ -346,7 +350,13 @@ pub async fn an_idle_run_answers_at_once_with_its_background_alive(
         ]))
         .await?;
     let took = started.elapsed();
-    eprintln!("the first exec after {idle} s idle took {took:?} ({path:?})");
+    eprintln!("the first exec after {idle} s idle took {took:?}, before it {usual:?} ({path:?})");
+    // "At once": no reconnect wait or stale-stream timeout; loose for a loaded machine.
+    let bound = (usual * 3).max(Duration::from_secs(5));
+    ensure!(
+        took < bound,
+        "the first exec after {idle} s idle took {took:?} (one before it: {usual:?})"
+    );
     ensure!(
         out.status.success() && out.stdout_str() == "alive\n",
         "after {idle} s idle the background process {pid} is gone: {} {:?}",

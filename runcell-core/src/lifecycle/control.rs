@@ -116,11 +116,13 @@ impl<B: Backend> Control<B> {
     /// (the engine refuses the exec: [`ErrorKind::RunLost`] or [`ErrorKind::NotFound`]).
     /// A probe that cannot tell (it times out, or `true` fails) says nothing: `Ok`.
     async fn probe(&self) -> Result<()> {
+        // As the exec's own user, as the kill: only the engine's refusal counts, and a
+        // `true` that user planted on its PATH runs with no more than its rights.
         let raw = RawExec {
             argv: vec!["true".into()],
             env: Vec::new(),
             working_dir: Some("/".into()),
-            user: None,
+            user: self.user.clone(),
             stdin: Stdin::Null,
         };
         let probe = async {
