@@ -131,13 +131,23 @@ async fn the_kill_was_what_it_says(
 ) -> anyhow::Result<()> {
     match status {
         ExitStatus::TimedOut => {
-            let left = sh_stdout(
-                run,
-                &format!(
-                    "n=0; for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ | grep -qx {marker}; then n=$((n+1)); fi; done; echo $n"
-                ),
-            )
-            .await;
+            let script = format!(
+                "n=0; for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ | grep -qx {marker}; then n=$((n+1)); fi; done; echo $n"
+            );
+            // Killed processes free their slots of a pids limit as they are reaped, a
+            // moment after the kill: a check refused for want of a slot is tried again.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let left = loop {
+                let left = sh_stdout(run, &script).await;
+                let refused = left.as_ref().err().is_some_and(|e| {
+                    e.downcast_ref::<runcell_core::Error>()
+                        .is_some_and(|e| e.kind() == ErrorKind::Unavailable)
+                });
+                if !refused || Instant::now() > deadline {
+                    break left;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
             run.stop().await?;
             let left = left?;
             ensure!(
