@@ -924,7 +924,8 @@ fn outcomes_say_exactly_what_happened() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let removed = std::process::Command::new("docker")
-        .args(["rm", "-f", &id])
+        // With its anonymous volumes (`-v`), as the driver removes a container.
+        .args(["rm", "-f", "-v", &id])
         .stdout(Stdio::null())
         .status()
         .unwrap();
