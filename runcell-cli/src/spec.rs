@@ -86,6 +86,10 @@ pub struct SpecArgs {
     /// Maximum number of processes.
     #[arg(long)]
     pub pids: Option<u32>,
+    /// Limit on local disk use (root filesystem and the driver's workspace): bytes, or
+    /// with k, m, g: 1g. Where the driver has it (Kubernetes' ephemeral-storage).
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<String>,
     /// Network mode.
     #[arg(long, value_parser = ["default", "none"])]
     pub network: Option<String>,
@@ -266,6 +270,10 @@ fn apply_flags(spec: &mut RunSpec, a: &SpecArgs) -> Result<(), Failure> {
     if let Some(p) = a.pids {
         spec.resources.pids = Some(p);
     }
+    if let Some(d) = &a.disk {
+        spec.resources.disk_bytes =
+            Some(units::parse_size(d).map_err(|e| Failure::usage(format!("--disk: {e}")))?);
+    }
     if let Some(n) = &a.network {
         spec.network = if n == "none" {
             Network::None
@@ -386,6 +394,7 @@ struct ResourcesFile {
     memory_bytes: Option<Size>,
     cpus: Option<f64>,
     pids: Option<u32>,
+    disk_bytes: Option<Size>,
 }
 
 #[derive(Deserialize, Default)]
@@ -442,6 +451,7 @@ impl SpecFile {
         spec.resources.memory_bytes = self.resources.memory_bytes.map(|s| s.0);
         spec.resources.cpus = self.resources.cpus;
         spec.resources.pids = self.resources.pids;
+        spec.resources.disk_bytes = self.resources.disk_bytes.map(|s| s.0);
         if let Some(network) = self.network {
             spec.network = network;
         }
@@ -694,6 +704,7 @@ mod tests {
             .memory_bytes(64 << 20)
             .cpus(1.5)
             .pids(100)
+            .disk_bytes(1 << 30)
             .network(Network::None)
             .cap_drop("ALL")
             .read_only_rootfs(true)
@@ -717,7 +728,7 @@ mod tests {
     fn hand_written_forms() {
         let (dir, path) = write(
             "s.yaml",
-            "image: busybox\nenv:\n  PORT: 8080\n  DEBUG: true\npost_create:\n  - sh -c 'echo \"a b\" > x'\n  - [touch, y]\nresources:\n  memory_bytes: 512m\nttl: 2h\nproxy:\n  no_proxy: a, b\nworkspace:\n  host_dir: .\n",
+            "image: busybox\nenv:\n  PORT: 8080\n  DEBUG: true\npost_create:\n  - sh -c 'echo \"a b\" > x'\n  - [touch, y]\nresources:\n  memory_bytes: 512m\n  disk_bytes: 2g\nttl: 2h\nproxy:\n  no_proxy: a, b\nworkspace:\n  host_dir: .\n",
         );
         let (spec, _) = read_file(&path).unwrap();
         assert_eq!(
@@ -730,6 +741,7 @@ mod tests {
         assert_eq!(spec.post_create[0], ["sh", "-c", "echo \"a b\" > x"]);
         assert_eq!(spec.post_create[1], ["touch", "y"]);
         assert_eq!(spec.resources.memory_bytes, Some(512 << 20));
+        assert_eq!(spec.resources.disk_bytes, Some(2 << 30));
         assert_eq!(spec.ttl, Some(Duration::from_secs(7200)));
         assert_eq!(spec.proxy.no_proxy, ["a", "b"]);
         assert_eq!(

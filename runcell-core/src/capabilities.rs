@@ -61,6 +61,9 @@ capabilities! {
     cpu_limit,
     /// `resources.pids`.
     pids_limit,
+    /// `resources.disk_bytes`: a limit on the sandbox's local disk use, enforced by the
+    /// engine (the run ends as `RunLost` when it is exceeded).
+    disk_limit,
     /// `network: none`.
     network_none,
     /// `security.read_only_rootfs`.
@@ -120,6 +123,9 @@ impl Capabilities {
         }
         if spec.resources.pids.is_some() && !self.pids_limit {
             return unsupported("resources.pids", "pids limits");
+        }
+        if spec.resources.disk_bytes.is_some() && !self.disk_limit {
+            return unsupported("resources.disk_bytes", "disk limits");
         }
         if spec.network == Network::None && !self.network_none {
             return unsupported("network", "network none");
@@ -215,6 +221,7 @@ mod tests {
             .memory_limit(true)
             .cpu_limit(true)
             .pids_limit(true)
+            .disk_limit(true)
             .network_none(true)
             .read_only_rootfs(true)
             .cap_drop(true)
@@ -270,6 +277,11 @@ mod tests {
                 base().pids(64),
                 "resources.pids",
                 Capabilities::none().pids_limit(true),
+            ),
+            (
+                base().disk_bytes(64 << 20),
+                "resources.disk_bytes",
+                Capabilities::none().disk_limit(true),
             ),
             (
                 base().network(Network::None),

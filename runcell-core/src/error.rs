@@ -8,7 +8,8 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// The spec was rejected before anything was created. [`Error::field`] names the field.
+    /// The spec (or an argument: a run id, a selector) was rejected before anything was
+    /// created or asked of a backend. [`Error::field`] names the field.
     InvalidSpec,
     /// The driver cannot honour a field or operation (see [`crate::Capabilities`]).
     Unsupported,
@@ -106,6 +107,13 @@ impl Error {
     /// message is left as it is, so it may say the same in words.
     pub fn with_operation(mut self, operation: &'static str) -> Self {
         self.operation = Some(operation);
+        self
+    }
+
+    /// Adds what more is known to the message (`"{message}: {detail}"`), keeping the
+    /// kind, field, operation, context and source.
+    pub fn with_detail(mut self, detail: impl fmt::Display) -> Self {
+        self.message = format!("{}: {detail}", self.message);
         self
     }
 

@@ -120,6 +120,49 @@ impl DockerDriver {
     }
 }
 
+impl DockerDriver {
+    /// A [`ErrorKind::RunLost`] error with what the engine says of the container (its
+    /// exit code, an OOM kill, its error), or that it is gone; bounded in time.
+    pub(crate) async fn why_lost(&self, id: &str, e: Error) -> Error {
+        let inspect = tokio::time::timeout(
+            WHY_LOST_BOUND,
+            self.docker.inspect_container(
+                id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            ),
+        )
+        .await;
+        let why = match inspect {
+            Ok(Ok(i)) => why_stopped(&i.state.unwrap_or_default()),
+            Ok(Err(e)) if error::status(&e) == Some(404) => "the container is gone".into(),
+            _ => return self.locate(e),
+        };
+        self.locate(e.with_detail(why))
+    }
+}
+
+/// How long [`DockerDriver::why_lost`] may look.
+const WHY_LOST_BOUND: Duration = Duration::from_secs(5);
+
+/// What the engine says of a container that is not running: its state, exit code, an
+/// OOM kill, its error.
+pub(crate) fn why_stopped(state: &bollard::models::ContainerState) -> String {
+    let mut why = match state.status {
+        Some(s) => format!("{s}"),
+        None => "not running".to_string(),
+    };
+    if let Some(code) = state.exit_code {
+        why.push_str(&format!(", exit code {code}"));
+    }
+    if state.oom_killed == Some(true) {
+        why.push_str(", killed for its memory use (OOMKilled)");
+    }
+    if let Some(error) = state.error.as_deref().filter(|e| !e.is_empty()) {
+        why.push_str(&format!(", {error}"));
+    }
+    why
+}
+
 /// Force-removes a container with its anonymous volumes; one already gone, or already
 /// being removed, is no error.
 pub(crate) async fn remove_container(docker: &Docker, id: &str) -> Result<()> {

@@ -187,11 +187,16 @@ impl Backend for DockerDriver {
                 Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id),
             );
         }
-        if inspect.state.and_then(|s| s.running) != Some(true) {
-            return Err(
-                Error::new(ErrorKind::RunLost, "the run's container is not running")
-                    .with("run", id),
-            );
+        let state = inspect.state.unwrap_or_default();
+        if state.running != Some(true) {
+            return Err(Error::new(
+                ErrorKind::RunLost,
+                format!(
+                    "the run's container is not running ({})",
+                    container::why_stopped(&state)
+                ),
+            )
+            .with("run", id));
         }
         Ok(())
     }
@@ -266,9 +271,10 @@ impl Backend for DockerDriver {
     }
 
     async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
-        exec::start(&self.docker, id, exec)
-            .await
-            .map_err(|e| self.locate(e))
+        match exec::start(&self.docker, id, exec).await {
+            Err(e) if e.kind() == ErrorKind::RunLost => Err(self.why_lost(id, e).await),
+            r => r.map_err(|e| self.locate(e)),
+        }
     }
 
     async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {

@@ -259,6 +259,7 @@ impl Backend for K8sDriver {
         Capabilities::none()
             .workspace_seed(true)
             .memory_limit(true)
+            .disk_limit(true)
             .cpu_limit(true)
             .read_only_rootfs(true)
             .cap_drop(true)
@@ -374,9 +375,11 @@ impl Backend for K8sDriver {
                 Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id)
             })?;
         if !readiness::is_ready(&pod) {
-            return Err(
-                Error::new(ErrorKind::RunLost, "the run's pod is not running").with("run", id),
-            );
+            let e = Error::new(ErrorKind::RunLost, "the run's pod is not running").with("run", id);
+            return Err(match readiness::why_not_running(&pod) {
+                Some(why) => e.with_detail(why),
+                None => e,
+            });
         }
         self.remember(id, RunState::from_pod(&pod));
         Ok(())
@@ -442,7 +445,10 @@ impl Backend for K8sDriver {
 
     async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {
         let state = self.run_state(id).await?;
-        exec::start(&self.pods(), id, exec, self.framed_stdin, &state.odd_env).await
+        match exec::start(&self.pods(), id, exec, self.framed_stdin, &state.odd_env).await {
+            Err(e) if e.kind() == ErrorKind::RunLost => Err(self.why_lost(id, e).await),
+            r => r,
+        }
     }
 
     async fn put_tar(&self, id: &str, dir: &str, tar: ByteStream) -> Result<()> {

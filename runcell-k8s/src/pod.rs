@@ -264,6 +264,11 @@ pub fn run_objects(
     if let Some(bytes) = spec.resources.memory_bytes {
         limits.insert("memory".to_string(), Quantity(bytes.to_string()));
     }
+    if let Some(bytes) = spec.resources.disk_bytes {
+        // The kubelet evicts the pod when its writable layer, logs and disk-backed
+        // emptyDir volumes (the workspace) use more.
+        limits.insert("ephemeral-storage".to_string(), Quantity(bytes.to_string()));
+    }
     if let Some(cpus) = spec.resources.cpus {
         limits.insert(
             "cpu".to_string(),
@@ -513,6 +518,7 @@ mod tests {
         spec.ca_bundle = Some("(pem)".into());
         spec.resources.memory_bytes = Some(512 << 20);
         spec.resources.cpus = Some(1.5);
+        spec.resources.disk_bytes = Some(1 << 30);
         spec.security.cap_drop = vec!["ALL".into()];
         spec.security.read_only_rootfs = true;
         spec.ttl = Some(Duration::from_secs(3600));

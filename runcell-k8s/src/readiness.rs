@@ -142,6 +142,37 @@ impl K8sDriver {
         found
     }
 
+    /// A [`ErrorKind::RunLost`] error with what the cluster says of the pod: why the
+    /// kubelet ended it (evicted for its disk or memory use, its container's exit and
+    /// reason), or that it is gone. The kubelet records why a moment after the containers
+    /// are gone: this waits up to [`STATUS_SETTLE`] for the pod to end.
+    pub(crate) async fn why_lost(&self, id: &str, e: Error) -> Error {
+        let ended = |pod: Option<&Pod>| {
+            pod.is_none_or(|p| {
+                p.metadata.deletion_timestamp.is_some()
+                    || p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+                    || p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+            })
+        };
+        let settled =
+            tokio::time::timeout(STATUS_SETTLE, await_condition(self.pods(), id, ended)).await;
+        let pod = match settled {
+            Ok(Ok(pod)) => Some(pod),
+            _ => tokio::time::timeout(STATUS_SETTLE, self.pods().get_opt(id))
+                .await
+                .ok()
+                .and_then(|r| r.ok()),
+        };
+        match pod {
+            Some(None) => e.with_detail("the pod is gone"),
+            Some(Some(pod)) => match why_not_running(&pod) {
+                Some(why) => e.with_detail(why),
+                None => e,
+            },
+            None => e,
+        }
+    }
+
     /// Adds the pod's last events to an error's message, and the run id.
     async fn with_events(&self, e: Error, id: &str) -> Error {
         let events = self.events(id).await;
@@ -247,6 +278,49 @@ impl Readiness {
             _ => None,
         }
     }
+}
+
+/// What the pod's status says of why it or its container does not run: the pod's
+/// reason and message (`Evicted: Pod ephemeral local storage usage exceeds ...`), its
+/// phase, the container's termination (reason, exit code, message); `None` when it says
+/// nothing.
+pub(crate) fn why_not_running(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let mut parts = Vec::new();
+    if pod.metadata.deletion_timestamp.is_some() {
+        parts.push("the pod is being deleted".to_string());
+    }
+    if let Some(phase) = status.phase.as_deref().filter(|p| *p != "Running") {
+        parts.push(format!("pod phase {phase}"));
+    }
+    let said = |reason: Option<&str>, message: Option<&str>| {
+        let reason = reason.unwrap_or("").trim();
+        let message = message.unwrap_or("").trim();
+        match (reason.is_empty(), message.is_empty()) {
+            (true, true) => None,
+            (false, true) => Some(reason.to_string()),
+            (true, false) => Some(message.to_string()),
+            (false, false) => Some(format!("{reason}: {message}")),
+        }
+    };
+    if let Some(pod_said) = said(status.reason.as_deref(), status.message.as_deref()) {
+        parts.push(pod_said);
+    }
+    let terminated = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == CONTAINER)
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    if let Some(t) = terminated {
+        let mut line = format!("container exited with code {}", t.exit_code);
+        if let Some(more) = said(t.reason.as_deref(), t.message.as_deref()) {
+            line.push_str(&format!(" ({more})"));
+        }
+        parts.push(line);
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// True when the pod and its container run.
@@ -467,6 +541,39 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn why_a_pod_stopped_says_the_kubelets_reason() {
+        let mut evicted = pod(
+            "Failed",
+            ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    reason: Some("ContainerStatusUnknown".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        let status = evicted.status.as_mut().unwrap();
+        status.reason = Some("Evicted".into());
+        status.message = Some(
+            "Pod ephemeral local storage usage exceeds the total limit of containers 16Mi. ".into(),
+        );
+        assert_eq!(
+            why_not_running(&evicted).unwrap(),
+            "pod phase Failed; Evicted: Pod ephemeral local storage usage exceeds the total \
+             limit of containers 16Mi.; container exited with code 137 (ContainerStatusUnknown)"
+        );
+        let running = pod(
+            "Running",
+            ContainerState {
+                running: Some(ContainerStateRunning::default()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(why_not_running(&running), None);
     }
 
     fn waiting(reason: &str, message: &str) -> Pod {

@@ -27,6 +27,11 @@ const MEMORY_BYTES: u64 = 128 << 20;
 const CPUS: f64 = 0.5;
 /// The pids limit the pids case asks for.
 const PIDS: u32 = 64;
+/// The disk limit the disk case asks for, and what its exec writes (four times more).
+const DISK_BYTES: u64 = 16 << 20;
+/// How long an engine may take to notice a run over its disk limit (the kubelet's
+/// eviction manager looks every 10 s at usage that containerd counts every 10 s).
+const DISK_NOTICED: Duration = Duration::from_secs(150);
 /// `CAP_NET_RAW`'s bit in the capability sets of `/proc/self/status`.
 const CAP_NET_RAW_BIT: u32 = 13;
 
@@ -276,6 +281,54 @@ pub async fn pids_limit_is_honoured_or_unsupported(cx: &Context) -> anyhow::Resu
     );
     run.stop().await?;
     Ok(())
+}
+
+/// `resources.disk_bytes`: with `disk_limit`, a run that writes four times its limit into
+/// its root filesystem is ended by the engine: the exec that wrote (and waits) ends as
+/// `RunLost` with the engine's reason (never success, an exit status or a hang), the
+/// next exec is a `RunLost` error, and stop leaves nothing; without, `Unsupported`
+/// naming `resources.disk_bytes` and nothing created.
+pub async fn disk_limit_is_enforced_or_unsupported(cx: &Context) -> anyhow::Result<()> {
+    let spec = base(cx).disk_bytes(DISK_BYTES);
+    if !cx.caps.disk_limit {
+        return assert_create_unsupported(cx, &spec, "resources.disk_bytes", "disk_limit").await;
+    }
+    let run = cx.driver.start(&spec).await?;
+    let mb = (DISK_BYTES * 4) >> 20;
+    let filler = run
+        .exec_stream(ExecSpec::new([
+            "sh",
+            "-c",
+            &format!("dd if=/dev/zero of=/tmp/fill bs=1048576 count={mb} 2>/dev/null; echo wrote; exec sleep 600"),
+        ]))
+        .await?;
+    let status = tokio::time::timeout(DISK_NOTICED, filler.wait())
+        .await
+        .with_context(|| {
+            format!(
+                "{mb} MiB written over a {} MiB disk limit: the exec still ran after {} s",
+                DISK_BYTES >> 20,
+                DISK_NOTICED.as_secs()
+            )
+        })?;
+    let ExitStatus::RunLost(why) = &status else {
+        bail!("an exec in a run evicted for its disk use reported {status}");
+    };
+    ensure!(
+        ["ephemeral", "storage", "disk", "evict"]
+            .iter()
+            .any(|w| why.to_ascii_lowercase().contains(w)),
+        "the run was lost, but the reason does not say it was its disk use: {why}"
+    );
+    match run.exec(ExecSpec::new(["true"])).await {
+        Ok(out) => bail!(
+            "exec in a run evicted for its disk use returned {}",
+            out.status
+        ),
+        Err(e) => ensure!(e.kind() == ErrorKind::RunLost, "expected run lost, got {e}"),
+    }
+    run.stop().await?;
+    cx.assert_case_clean().await
 }
 
 /// `security.cap_drop`: with `cap_drop`, dropping `NET_RAW` clears bit 13 of the exec's

@@ -180,6 +180,60 @@ pub async fn attach_sees_the_same_run(cx: &Context) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A run id or selector a caller gives is checked before any engine sees it: ids that
+/// would be another path, another name or another selector term on some engine (`/`,
+/// `..`, `,`, `=`, upper case, spaces, empty, too long) are `InvalidSpec` naming
+/// `run_id` or `selector[KEY]`, never a backend error, and a live run is untouched by them.
+pub async fn malformed_run_ids_and_selectors_are_refused(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    let id = run.id().to_string();
+    let bad_ids = [
+        String::new(),
+        format!("{id}/.."),
+        format!("../{id}"),
+        format!("{id},x"),
+        format!("{id} "),
+        id.to_uppercase(),
+        format!("{id}?force=1"),
+        "-x".to_string(),
+        "a".repeat(64),
+    ];
+    for bad in &bad_ids {
+        match cx.driver.attach(bad).await {
+            Ok(_) => bail!("attached to {bad:?}"),
+            Err(e) => ensure!(
+                e.kind() == ErrorKind::InvalidSpec && e.field() == Some("run_id"),
+                "attach({bad:?}): expected InvalidSpec naming run_id, got {e}"
+            ),
+        }
+        match cx.driver.remove(bad).await {
+            Ok(()) => bail!("remove({bad:?}) succeeded"),
+            Err(e) => ensure!(
+                e.kind() == ErrorKind::InvalidSpec && e.field() == Some("run_id"),
+                "remove({bad:?}): expected InvalidSpec naming run_id, got {e}"
+            ),
+        }
+    }
+    let key = runcell_core::labels::RUN_ID.to_string();
+    for value in [format!("{id},x"), format!("{id}!=y"), "a b".to_string()] {
+        let selector = std::collections::BTreeMap::from([(key.clone(), value.clone())]);
+        match cx.driver.list(&selector).await {
+            Ok(found) => bail!("list with {key}={value:?} answered {} runs", found.len()),
+            Err(e) => ensure!(
+                e.kind() == ErrorKind::InvalidSpec
+                    && e.field() == Some(format!("selector[{key}]").as_str()),
+                "list with {key}={value:?}: expected InvalidSpec naming the selector, got {e}"
+            ),
+        }
+    }
+    ensure!(
+        sh_stdout(&*run, "echo alive").await? == "alive",
+        "the run did not survive the malformed ids"
+    );
+    run.stop().await?;
+    cx.assert_case_clean().await
+}
+
 /// Dropping the future of `create` at any point (cancellation) leaves nothing behind.
 pub async fn cancelled_create_leaves_nothing(cx: &Context) -> anyhow::Result<()> {
     let spec = cx.spec().post_create(["sleep", "0.2"]);

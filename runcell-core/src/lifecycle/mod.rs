@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::helper::{self, ExecHelper};
 use crate::progress::CreateOptions;
 use crate::raw::{Backend, RunInfo};
@@ -34,6 +34,48 @@ mod run;
 
 pub(crate) use run::CoreRun;
 pub use run::exec_in;
+
+/// A run id a caller gives (to attach or remove) is one the library could have made: a
+/// DNS label (lowercase letters, digits and `-`, at most 63), which every engine takes
+/// as a name as it is. Anything else (a `/`, a `,`, an upper-case letter) could reach an
+/// engine's URL path or selector syntax as something else: refused before any backend
+/// sees it, naming `run_id`.
+pub(crate) fn check_run_id(id: &str) -> Result<()> {
+    let ok = (1..=63).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_spec(
+            "run_id",
+            format!(
+                "{:?} is not a run id (lowercase letters, digits and '-', at most 63)",
+                id.chars().take(80).collect::<String>()
+            ),
+        ))
+    }
+}
+
+/// A label selector's keys and values follow the label rules runs are made with
+/// ([`crate::labels::validate_key`], [`crate::labels::validate_value`]): a `,` or `=` in a
+/// value cannot become another term of an engine's selector. Names `selector[KEY]`.
+fn check_selector(selector: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in selector {
+        crate::labels::validate_key(k)
+            .and_then(|()| crate::labels::validate_value(v))
+            .map_err(|why| {
+                Error::invalid_spec(
+                    format!("selector[{}]", k.chars().take(80).collect::<String>()),
+                    why,
+                )
+            })?;
+    }
+    Ok(())
+}
 
 #[async_trait]
 impl<B: Backend> Driver for B {
@@ -57,6 +99,7 @@ impl<B: Backend> Driver for B {
     }
 
     async fn attach(&self, id: &str) -> Result<Box<dyn Run>> {
+        check_run_id(id)?;
         self.attach_target(id).await?;
         Ok(Box::new(CoreRun::attached(
             self.clone(),
@@ -66,10 +109,12 @@ impl<B: Backend> Driver for B {
     }
 
     async fn list(&self, selector: &BTreeMap<String, String>) -> Result<Vec<RunInfo>> {
+        check_selector(selector)?;
         self.list_targets(selector).await
     }
 
     async fn remove(&self, id: &str) -> Result<()> {
+        check_run_id(id)?;
         self.remove_target(id).await
     }
 

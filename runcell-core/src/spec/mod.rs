@@ -31,7 +31,7 @@ pub use exec::{ExecSpec, Stdin};
 pub use helper_mode::{EXEC_HELPER_ENV, ExecHelper};
 pub use image::{could_be_id_prefix, qualified_name, validate_image};
 pub use proxy::Proxy;
-pub use resources::{MIN_MEMORY_BYTES, Network, PullPolicy, Resources, Security};
+pub use resources::{MIN_DISK_BYTES, MIN_MEMORY_BYTES, Network, PullPolicy, Resources, Security};
 pub use workspace::{DEFAULT_WORKSPACE_PATH, Workspace};
 
 /// Everything a run is created from. `Debug` shows env names but not their values, and
@@ -143,6 +143,12 @@ impl RunSpec {
     /// Sets the maximum number of processes.
     pub fn pids(mut self, pids: u32) -> Self {
         self.resources.pids = Some(pids);
+        self
+    }
+
+    /// Sets the limit on local disk use in bytes (see [`Resources::disk_bytes`]).
+    pub fn disk_bytes(mut self, bytes: u64) -> Self {
+        self.resources.disk_bytes = Some(bytes);
         self
     }
 

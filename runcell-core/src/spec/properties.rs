@@ -35,6 +35,7 @@ prop_compose! {
         cpus in proptest::option::of(any::<f64>()),
         memory in proptest::option::of(any::<u64>()),
         pids in proptest::option::of(any::<u32>()),
+        disk in proptest::option::of(any::<u64>()),
         proxy in proptest::option::of(text()),
         labels in proptest::collection::btree_map(text(), text(), 0..3),
         post in proptest::collection::vec(proptest::collection::vec(text(), 0..3), 0..2),
@@ -46,7 +47,7 @@ prop_compose! {
         s.user = user;
         s.workspace.path = ws_path;
         s.ttl = ttl;
-        s.resources = Resources { memory_bytes: memory, cpus, pids };
+        s.resources = Resources { memory_bytes: memory, cpus, pids, disk_bytes: disk };
         s.proxy.http = proxy;
         s.labels = labels;
         s.post_create = post;

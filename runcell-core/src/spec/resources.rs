@@ -20,6 +20,9 @@ pub enum PullPolicy {
 /// The smallest memory limit engines take (Docker's and runc's minimum, 6 MiB).
 pub const MIN_MEMORY_BYTES: u64 = 6 << 20;
 
+/// The smallest disk limit taken (below it the sandbox's own files would exceed it).
+pub const MIN_DISK_BYTES: u64 = 1 << 20;
+
 /// Resource limits of the sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -30,6 +33,13 @@ pub struct Resources {
     pub cpus: Option<f64>,
     /// Maximum number of processes.
     pub pids: Option<u32>,
+    /// Limit in bytes on the sandbox's local disk use: its writable root filesystem and a
+    /// workspace the driver provides (not a host folder or a volume claim). A run that
+    /// writes more is ended by its engine and its execs end as
+    /// [`crate::ErrorKind::RunLost`] with the engine's reason (Kubernetes: the
+    /// `ephemeral-storage` limit, enforced by the kubelet's eviction). Drivers without
+    /// the capability `disk_limit` refuse it.
+    pub disk_bytes: Option<u64>,
 }
 
 /// The sandbox's network. Other modes belong in a driver's own config, so this set stays
@@ -68,7 +78,7 @@ impl Default for Security {
 
 impl Resources {
     /// Checks that each limit set is one an engine accepts, naming `resources.cpus`,
-    /// `resources.memory_bytes` or `resources.pids`.
+    /// `resources.memory_bytes`, `resources.pids` or `resources.disk_bytes`.
     pub(crate) fn validate(&self) -> Result<()> {
         if let Some(cpus) = self.cpus
             && !(cpus.is_finite() && (0.01..=1e6).contains(&cpus))
@@ -99,6 +109,18 @@ impl Resources {
         }
         if self.pids == Some(0) {
             return Err(Error::invalid_spec("resources.pids", "must be positive"));
+        }
+        if let Some(d) = self.disk_bytes
+            && !(MIN_DISK_BYTES..=i64::MAX as u64).contains(&d)
+        {
+            return Err(Error::invalid_spec(
+                "resources.disk_bytes",
+                format!(
+                    "is {d} bytes; must be from {} MiB to {} bytes",
+                    MIN_DISK_BYTES >> 20,
+                    i64::MAX
+                ),
+            ));
         }
         Ok(())
     }
@@ -145,11 +167,19 @@ mod tests {
             ..Resources::default()
         };
         assert_eq!(field(r), "resources.pids");
+        for disk in [0, 1, (1 << 20) - 1, u64::MAX] {
+            let r = Resources {
+                disk_bytes: Some(disk),
+                ..Resources::default()
+            };
+            assert_eq!(field(r), "resources.disk_bytes", "{disk}");
+        }
         Resources::default().validate().unwrap();
         Resources {
             memory_bytes: Some(64 << 20),
             cpus: Some(0.5),
             pids: Some(1),
+            disk_bytes: Some(1 << 20),
         }
         .validate()
         .unwrap();
