@@ -394,6 +394,42 @@ async fn main() -> Res<()> {
         }
     }
 
+    // An idle run: on Kubernetes the node cuts idle exec streams (the test cluster's
+    // kubelet after 30 s); the held helper stream must outlive that.
+    let idle: u64 = match std::env::var("RUNCELL_BENCH_IDLE_SECS") {
+        Ok(v) => v.parse()?,
+        Err(_) if name == "k8s" => 65,
+        Err(_) => 0,
+    };
+    if idle > 0 {
+        println!("== {name}: first exec after {idle} s idle (the helper's held stream)");
+        let run = driver.create(&helper_spec).await?;
+        sh(&*run, "sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/bg").await?;
+        call(&*run).await?;
+        let path = run.exec_path();
+        tokio::time::sleep(Duration::from_secs(idle)).await;
+        let first = call(&*run).await?;
+        let alive = run
+            .exec(ExecSpec::new([
+                "sh",
+                "-c",
+                "kill -0 $(cat /tmp/bg) && echo alive",
+            ]))
+            .await?;
+        println!(
+            "first exec after the idle {:8.2} ms; background process {}; exec path {:?} -> {:?}",
+            ms(first),
+            if alive.stdout_str() == "alive\n" {
+                "alive"
+            } else {
+                "GONE"
+            },
+            path,
+            run.exec_path()
+        );
+        run.stop().await?;
+    }
+
     let left = driver
         .list(
             &[("sandbox.example/bench".to_string(), "1".to_string())]

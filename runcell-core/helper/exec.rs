@@ -39,10 +39,26 @@ pub(crate) struct Registry {
     /// By id, until forgotten: once its `EXIT` was sent and its shepherd exited (no
     /// process of it is left), or at once when its spawn failed.
     execs: HashMap<u32, Arc<Exec>>,
-    /// Shepherds not reaped yet: pid → exec id.
+    /// Shepherds not reaped yet: pid → exec id ([`SPARE`] for the spare).
     shepherds: HashMap<i32, u32>,
     /// Bumped on every spawn.
     spawned: u64,
+    /// A shepherd started ahead, waiting for its plan: the next exec takes it, so that
+    /// starting the shepherd is not on any exec's way.
+    spare: Option<Shepherd>,
+}
+
+/// The exec id a spare shepherd is registered under (0 is the connection: never an exec).
+const SPARE: u32 = 0;
+
+/// A shepherd started, not yet given a plan: its pid, the helper's end of its control
+/// channel, and the helper's ends of the pipes its command will get.
+struct Shepherd {
+    pid: i32,
+    ctl: UnixStream,
+    stdin: File,
+    stdout: File,
+    stderr: File,
 }
 
 /// A live exec.
@@ -186,7 +202,8 @@ impl Helper {
     // ---- spawn -------------------------------------------------------------------------
 
     /// Spawns an exec (its shepherd, which starts the command) and its threads;
-    /// `STARTED` is sent here.
+    /// `STARTED` is sent here. The shepherd is the spare when one is ready (then a new
+    /// spare is started once this exec started), else a new one.
     pub(crate) fn start_exec(
         &'static self,
         id: u32,
@@ -199,45 +216,38 @@ impl Helper {
             &plan.env,
             plan.cwd.as_deref(),
             plan.switch.as_ref(),
+            sp.stdin_piped,
         );
         drop(plan);
         let res = |e: io::Error| (spawn_error_kind(&e, false), e.to_string());
-        let (mine, theirs) = UnixStream::pair().map_err(res)?;
         let (wake_r, wake_w) = io::pipe().map_err(res)?;
-        let mut cmd = Command::new("/proc/self/exe");
-        cmd.arg0(shepherd::NAME)
-            .arg(shepherd::MODE_ARG)
-            .arg(theirs.as_raw_fd().to_string())
-            .env_clear()
-            .stdin(if sp.stdin_piped {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let ctl = mine.try_clone().map_err(res)?;
-        let (ex, mut child) = {
-            // The registry stays locked from the spawn to the shepherd's registration, so
-            // the reaper cannot reap it (or a child std waits for itself) before; and no
-            // other spawn runs while the shepherd's end of the channel is inheritable.
+        let (ex, shepherd) = {
+            // The registry stays locked from taking (or starting) the shepherd to the
+            // exec's registration, so the reaper cannot reap it before.
             let mut r = lock(&self.reg);
             if self.stopping.load(Ordering::SeqCst) {
                 return Err((SpawnError::Other, "the helper is exiting".into()));
             }
-            sys::set_cloexec(theirs.as_raw_fd(), false).map_err(res)?;
-            let spawned = cmd.spawn();
-            drop(theirs);
-            let child = spawned.map_err(|e| {
-                (
-                    spawn_error_kind(&e, false),
-                    format!("cannot start the exec's shepherd: {e}"),
-                )
-            })?;
-            let pid = child.id() as i32;
+            let shepherd = match r.spare.take() {
+                // Still registered as the spare: not reaped (a process of the run may
+                // have killed it; its plan then fails to go out, as any dead shepherd's).
+                Some(s) if r.shepherds.get(&s.pid) == Some(&SPARE) => {
+                    // One stopped from inside would hold this exec for the answer's
+                    // bound: it is this helper's child, so its pid is its own.
+                    sys::signal(s.pid, sys::SIGCONT);
+                    s
+                }
+                _ => self.start_shepherd(&mut r).map_err(|e| {
+                    (
+                        spawn_error_kind(&e, false),
+                        format!("cannot start the exec's shepherd: {e}"),
+                    )
+                })?,
+            };
+            let ctl = shepherd.ctl.try_clone().map_err(res)?;
             let ex = Arc::new(Exec {
                 id,
-                shepherd: pid,
+                shepherd: shepherd.pid,
                 ctl: Mutex::new(ctl),
                 flow: Flow::new(),
                 st: Mutex::new(ExecState {
@@ -248,24 +258,28 @@ impl Helper {
                 wake: wake_w,
             });
             r.execs.insert(id, ex.clone());
-            r.shepherds.insert(pid, id);
-            r.spawned += 1;
-            self.reg_cv.notify_all();
-            (ex, child)
+            r.shepherds.insert(shepherd.pid, id);
+            (ex, shepherd)
         };
-        let stdin = child.stdin.take().map(|p| File::from(OwnedFd::from(p)));
-        let pipes = [
-            child.stdout.take().map(|p| File::from(OwnedFd::from(p))),
-            child.stderr.take().map(|p| File::from(OwnedFd::from(p))),
-        ];
-        drop(child); // Never waited on: the reaper owns waiting.
+        let Shepherd {
+            ctl: mine,
+            stdin,
+            stdout,
+            stderr,
+            ..
+        } = shepherd;
+        // A command without piped stdin reads /dev/null (the shepherd's plan says so):
+        // the pipe's write end is closed here.
+        let stdin = sp.stdin_piped.then_some(stdin);
+        let pipes = [Some(stdout), Some(stderr)];
         // The shepherd's answer is awaited on a thread of its own: a shepherd that a
         // process of its uid stopped must not hold the frame reader (every other exec)
         // for the answer's bound.
         let started = {
             let ex = ex.clone();
             start_thread("spawn", move || {
-                self.finish_spawn(id, &ex, mine, order, stdin, pipes, wake_r)
+                self.finish_spawn(id, &ex, mine, order, stdin, pipes, wake_r);
+                self.refill_spare();
             })
         };
         if !started {
@@ -276,6 +290,60 @@ impl Helper {
             return Err((SpawnError::Resources, "cannot start a thread".into()));
         }
         Ok(())
+    }
+
+    /// Starts a spare shepherd unless one is ready or the helper is exiting. A spare
+    /// that cannot start is no error: the next exec starts its own.
+    pub(crate) fn refill_spare(&self) {
+        let mut r = lock(&self.reg);
+        if r.spare.is_some() || self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        match self.start_shepherd(&mut r) {
+            Ok(s) => r.spare = Some(s),
+            Err(e) => diag(format_args!("cannot start a spare shepherd: {e}")),
+        }
+    }
+
+    /// Starts a shepherd (it sets itself up and waits for its plan), registered as
+    /// [`SPARE`]. Called with the registry locked, so that no other spawn runs while the
+    /// shepherd's end of the channel is inheritable, and the reaper cannot reap it
+    /// before it is registered.
+    fn start_shepherd(&self, r: &mut Registry) -> io::Result<Shepherd> {
+        let (mine, theirs) = UnixStream::pair()?;
+        let mut cmd = Command::new("/proc/self/exe");
+        cmd.arg0(shepherd::NAME)
+            .arg(shepherd::MODE_ARG)
+            .arg(theirs.as_raw_fd().to_string())
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        sys::set_cloexec(theirs.as_raw_fd(), false)?;
+        let spawned = cmd.spawn();
+        drop(theirs);
+        let mut child = spawned?;
+        let pid = child.id() as i32;
+        r.shepherds.insert(pid, SPARE);
+        r.spawned += 1;
+        self.reg_cv.notify_all();
+        let pipe = |p: Option<OwnedFd>| {
+            p.map(File::from)
+                .ok_or_else(|| io::Error::other("a shepherd without its pipes"))
+        };
+        let stdin = pipe(child.stdin.take().map(OwnedFd::from));
+        let stdout = pipe(child.stdout.take().map(OwnedFd::from));
+        let stderr = pipe(child.stderr.take().map(OwnedFd::from));
+        drop(child); // Never waited on: the reaper owns waiting.
+        // Registered: should a pipe be missing, dropping `mine` ends the shepherd, and
+        // the reaper reaps it as a spare.
+        Ok(Shepherd {
+            pid,
+            ctl: mine,
+            stdin: stdin?,
+            stdout: stdout?,
+            stderr: stderr?,
+        })
     }
 
     /// Sends the shepherd its order, waits (bounded) for its answer, starts the exec's
@@ -529,7 +597,9 @@ impl Helper {
     /// Called with `stopping` set, so no exec starts any more.
     pub(crate) fn kill_live_execs(&self) {
         let live: Vec<Arc<Exec>> = {
-            let r = lock(&self.reg);
+            let mut r = lock(&self.reg);
+            // Its channel closed, the spare exits.
+            r.spare = None;
             r.execs
                 .values()
                 .filter(|ex| !ex.is_done())

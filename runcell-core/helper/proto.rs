@@ -42,7 +42,7 @@
 //!
 //! # Kill
 //! Every exec runs under a shepherd of its own (the helper's executable run again, in a
-//! shepherd mode): a child subreaper that leads a session of its own, starts the command
+//! shepherd mode, started ahead of the exec that takes it): a child subreaper that leads a session of its own, starts the command
 //! (in its own process group, with `RUNCELL_EXEC_ID` in its environment), reports its
 //! real wait status to the helper, reaps every orphan of the exec, and stays while any
 //! of the exec's processes lives. An exec's processes are exactly its shepherd's

@@ -86,6 +86,7 @@ pub fn plan_frame(
     env: &[(OsString, OsString)],
     cwd: Option<&Path>,
     user: Option<&Creds>,
+    stdin_piped: bool,
 ) -> Vec<u8> {
     let mut e = Enc::frame(PLAN, 0);
     e.bytes(program.as_os_str().as_bytes()).list(argv);
@@ -105,6 +106,7 @@ pub fn plan_frame(
             e.u8(0);
         }
     }
+    e.u8(u8::from(stdin_piped));
     e.finish()
 }
 
@@ -196,6 +198,8 @@ struct Order {
     env: Vec<(OsString, OsString)>,
     cwd: Option<PathBuf>,
     user: Option<(u32, u32, Vec<u32>)>,
+    /// The command reads the shepherd's stdin (the exec's pipe), else `/dev/null`.
+    stdin_piped: bool,
 }
 
 impl Order {
@@ -223,12 +227,14 @@ impl Order {
                 Some((uid, gid, groups))
             }
         };
+        let stdin_piped = d.u8().ok()? != 0;
         (!argv.is_empty()).then_some(Order {
             program,
             argv,
             env,
             cwd,
             user,
+            stdin_piped,
         })
     }
 }
@@ -273,6 +279,9 @@ fn start(ctl: OwnedFd) -> io::Result<Option<Shepherd>> {
         .env_clear()
         .envs(order.env.iter().map(|(k, v)| (k, v)))
         .process_group(0);
+    if !order.stdin_piped {
+        cmd.stdin(std::process::Stdio::null());
+    }
     let switching = order.user.is_some();
     match order.user.take() {
         // The directory is entered as the user, after the switch.
@@ -547,6 +556,7 @@ mod tests {
             &env,
             Some(Path::new("/work dir")),
             Some(&user),
+            true,
         );
         let mut buf = frame.clone();
         let frames = split_frames(&mut buf);
@@ -561,18 +571,29 @@ mod tests {
         assert_eq!(o.env, env);
         assert_eq!(o.cwd.as_deref(), Some(Path::new("/work dir")));
         assert_eq!(o.user, Some((1000, 100, vec![100, 27, 4])));
+        assert!(o.stdin_piped);
 
         // No directory, no user.
-        let frame = plan_frame(Path::new("/bin/true"), &argv[..1], &[], None, None);
+        let frame = plan_frame(Path::new("/bin/true"), &argv[..1], &[], None, None, false);
         let o = Order::decode(&frame[9..]).unwrap();
-        assert_eq!((o.cwd, o.user, o.env.len()), (None, None, 0));
+        assert_eq!(
+            (o.cwd, o.user, o.env.len(), o.stdin_piped),
+            (None, None, 0, false)
+        );
     }
 
     #[test]
     fn a_plan_without_argv_or_cut_short_is_refused() {
-        let frame = plan_frame(Path::new("/bin/true"), &[], &[], None, None);
+        let frame = plan_frame(Path::new("/bin/true"), &[], &[], None, None, true);
         assert!(Order::decode(&frame[9..]).is_none());
-        let frame = plan_frame(Path::new("/bin/true"), &[b"true".to_vec()], &[], None, None);
+        let frame = plan_frame(
+            Path::new("/bin/true"),
+            &[b"true".to_vec()],
+            &[],
+            None,
+            None,
+            true,
+        );
         for cut in 0..frame.len() - 9 {
             assert!(Order::decode(&frame[9..9 + cut]).is_none(), "cut at {cut}");
         }
