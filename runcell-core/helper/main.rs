@@ -121,6 +121,7 @@ fn main() {
     if args.next().is_some_and(|a| a == shepherd::MODE_ARG) {
         shepherd::main(args.next());
     }
+    sys::one_malloc_arena();
     if let Err(e) = sys::set_not_dumpable() {
         diag(format_args!("cannot make itself non-dumpable: {e}"));
     }

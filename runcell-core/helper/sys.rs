@@ -122,6 +122,24 @@ unsafe extern "C" {
     fn chdir(path: *const c_char) -> c_int;
 }
 
+#[cfg(target_env = "gnu")]
+unsafe extern "C" {
+    safe fn mallopt(param: c_int, value: c_int) -> c_int;
+}
+
+/// `mallopt`'s `M_ARENA_MAX` (glibc).
+#[cfg(target_env = "gnu")]
+const M_ARENA_MAX: c_int = -8;
+
+/// One malloc arena for every thread: the helper's threads come and go with execs, and
+/// with an arena per thread (glibc's default, up to 8 per core) each keeps what it once
+/// held (5.3 MB of RSS after the benchmark's load, 4.3 MB with one arena); the helper
+/// allocates little and rarely, so one arena costs it nothing. musl has one already.
+pub fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    let _ = mallopt(M_ARENA_MAX, 1);
+}
+
 /// A libc return value: negative means errno.
 fn check(r: c_int) -> io::Result<c_int> {
     if r < 0 {
