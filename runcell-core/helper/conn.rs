@@ -12,9 +12,9 @@ use crate::files::{self, GetEnd, Put};
 use crate::flow::Flow;
 use crate::proto::{
     self, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET, KILL, KILLED,
-    PING, PONG, PUT, SPAWN, STDIN, STDIN_ACK, STDIN_EOF, STDIN_WINDOW, Spawn, SpawnError,
+    PING, PONG, PUT, RESIZE, SPAWN, STDIN, STDIN_ACK, STDIN_EOF, STDIN_WINDOW, Spawn, SpawnError,
 };
-use crate::{Helper, diag, file_error_frame, lock, start_thread};
+use crate::{Helper, diag, file_error_frame, lock, start_thread, sys};
 
 /// Bytes read from stdin at a time.
 const READ_CHUNK: usize = 64 * 1024;
@@ -123,6 +123,15 @@ impl Conn {
                 }
             }
             DISCARD => self.discard(id),
+            RESIZE => {
+                let rows = d.u32().and_then(proto::size).map_err(bad)?;
+                let cols = d.u32().and_then(proto::size).map_err(bad)?;
+                if let Some(ex) = self.h.exec(id)
+                    && let Some(tty) = &ex.tty
+                {
+                    let _ = sys::set_window_size(tty, rows, cols);
+                }
+            }
             KILL => self.kill(id),
             PING => self.h.send_empty(PONG, id),
             PUT => {

@@ -76,6 +76,8 @@ pub(crate) struct Exec {
     pub(crate) cv: Condvar,
     /// Written once the command's status is known, to wake the output thread's poll.
     wake: io::PipeWriter,
+    /// A terminal exec's terminal (its master side), for `RESIZE`.
+    pub(crate) tty: Option<File>,
 }
 
 /// The mutable part of an exec.
@@ -172,6 +174,7 @@ impl Exec {
             }),
             cv: Condvar::new(),
             wake: wake_w,
+            tty: None,
         };
         (ex, theirs, reader, wake_r)
     }
@@ -210,6 +213,17 @@ impl Helper {
         sp: &Spawn,
     ) -> Result<(), (SpawnError, String)> {
         let plan = self.plan(sp)?;
+        let res = |e: io::Error| (spawn_error_kind(&e, false), e.to_string());
+        let tty = sp
+            .tty
+            .map(|(rows, cols)| sys::open_pty(rows, cols))
+            .transpose()
+            .map_err(|e| {
+                (
+                    spawn_error_kind(&e, false),
+                    format!("cannot open a terminal: {e}"),
+                )
+            })?;
         let order = shepherd::plan_frame(
             &plan.program,
             &sp.argv,
@@ -217,9 +231,18 @@ impl Helper {
             plan.cwd.as_deref(),
             plan.switch.as_ref(),
             sp.stdin_piped,
+            tty.as_ref().map(|(_, path)| path.as_path()),
         );
         drop(plan);
-        let res = |e: io::Error| (spawn_error_kind(&e, false), e.to_string());
+        // A terminal exec's output and input both go through the terminal's master.
+        let (master, output, input) = match tty {
+            Some((master, _)) => {
+                let output = master.try_clone().map_err(res)?;
+                let input = master.try_clone().map_err(res)?;
+                (Some(master), Some(output), Some(input))
+            }
+            None => (None, None, None),
+        };
         let (wake_r, wake_w) = io::pipe().map_err(res)?;
         let (ex, shepherd) = {
             // The registry stays locked from taking (or starting) the shepherd to the
@@ -256,6 +279,7 @@ impl Helper {
                 }),
                 cv: Condvar::new(),
                 wake: wake_w,
+                tty: master,
             });
             r.execs.insert(id, ex.clone());
             r.shepherds.insert(shepherd.pid, id);
@@ -269,9 +293,15 @@ impl Helper {
             ..
         } = shepherd;
         // A command without piped stdin reads /dev/null (the shepherd's plan says so):
-        // the pipe's write end is closed here.
-        let stdin = sp.stdin_piped.then_some(stdin);
-        let pipes = [Some(stdout), Some(stderr)];
+        // the pipe's write end is closed here. A terminal exec's command gets none of
+        // the shepherd's pipes.
+        let (stdin, pipes) = match output {
+            Some(output) => (input.filter(|_| sp.stdin_piped), [Some(output), None]),
+            None => (
+                sp.stdin_piped.then_some(stdin),
+                [Some(stdout), Some(stderr)],
+            ),
+        };
         // The shepherd's answer is awaited on a thread of its own: a shepherd that a
         // process of its uid stopped must not hold the frame reader (every other exec)
         // for the answer's bound.

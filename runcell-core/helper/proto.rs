@@ -37,6 +37,11 @@
 //!   the kill as done); an empty payload is 1.
 //!   `KILL` implies `DISCARD`.
 //! - host `DISCARD`: the host's reader of this id is gone; see [`DISCARD`].
+//! - A `SPAWN` with a terminal size ([`Spawn::tty`]) runs the command on a new
+//!   pseudo-terminal (its stdin, stdout, stderr and controlling terminal; it leads a
+//!   session of its own, still under its shepherd): its output comes as `STDOUT` only,
+//!   `STDIN` is typed into the terminal, and host `RESIZE` (u32 rows, u32 columns, each
+//!   1 to 65535) sets the terminal's size.
 //! - The host counts what it receives against the credit it granted; a helper that sends
 //!   more is a protocol error and the host drops the connection.
 //!
@@ -96,7 +101,7 @@
 use std::fmt;
 
 /// Bumped on any incompatible change; the host refuses a helper of another version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Largest frame payload either side accepts: a `SPAWN` of the largest exec the library
 /// validates (argv and env up to 1 MiB each) fits.
 pub const MAX_PAYLOAD: usize = 4 << 20;
@@ -128,6 +133,9 @@ pub const PING: u8 = 6;
 pub const PUT: u8 = 7;
 /// Start a file download: the path (absolute, byte string).
 pub const GET: u8 = 8;
+/// u16 rows + u16 columns: the new size of a terminal exec's terminal (the kernel then
+/// signals `SIGWINCH` to its foreground process group); ignored for other execs.
+pub const RESIZE: u8 = 10;
 /// The host reads no more output of this id (its reader is gone): the helper stops
 /// sending `STDOUT`/`STDERR`/`ENTRY` for it, keeps draining an exec's pipes (dropping the
 /// data, so the process is never blocked on them) and still sends its `EXIT`; a `GET` is
@@ -298,6 +306,12 @@ pub struct Spawn {
     pub user: Option<Vec<u8>>,
     /// True: stdin is a pipe fed by `STDIN` frames; false: `/dev/null`.
     pub stdin_piped: bool,
+    /// Rows and columns: the command gets a new pseudo-terminal of this size as its
+    /// stdin, stdout and stderr and as the controlling terminal of a session it leads;
+    /// its output (one stream) comes as `STDOUT`, `STDIN` frames are typed into it
+    /// (Ctrl-C, `\x03`, interrupts its foreground process group) and `STDIN_EOF` is not
+    /// an end of input (a terminal has none: type `\x04`).
+    pub tty: Option<(u16, u16)>,
 }
 
 impl Spawn {
@@ -311,6 +325,10 @@ impl Spawn {
         e.opt(self.working_dir.as_deref())
             .opt(self.user.as_deref())
             .u8(self.stdin_piped as u8);
+        match self.tty {
+            Some((rows, cols)) => e.u8(1).u32(rows.into()).u32(cols.into()),
+            None => e.u8(0),
+        };
     }
 
     /// Decodes the payload.
@@ -327,8 +345,17 @@ impl Spawn {
             working_dir: d.opt()?,
             user: d.opt()?,
             stdin_piped: d.u8()? != 0,
+            tty: match d.u8()? {
+                0 => None,
+                _ => Some((size(d.u32()?)?, size(d.u32()?)?)),
+            },
         })
     }
+}
+
+/// A terminal dimension from the wire: 1 to 65535.
+pub fn size(v: u32) -> Result<u16, DecodeError> {
+    u16::try_from(v).ok().filter(|v| *v > 0).ok_or(DecodeError)
 }
 
 /// `ENTRY` types.

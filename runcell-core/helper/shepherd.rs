@@ -48,7 +48,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::procs::{Proc, read_stat, scan};
-use crate::proto::{Dec, Enc, KILL_GRACE_MS};
+use crate::proto::{Dec, Enc, KILL_GRACE_MS, SpawnError};
 use crate::sys::{ECHILD, ENOSYS};
 use crate::users::Creds;
 use crate::{diag, spawn_error_kind, sys};
@@ -87,6 +87,7 @@ pub fn plan_frame(
     cwd: Option<&Path>,
     user: Option<&Creds>,
     stdin_piped: bool,
+    tty: Option<&Path>,
 ) -> Vec<u8> {
     let mut e = Enc::frame(PLAN, 0);
     e.bytes(program.as_os_str().as_bytes()).list(argv);
@@ -107,6 +108,7 @@ pub fn plan_frame(
         }
     }
     e.u8(u8::from(stdin_piped));
+    e.opt(tty.map(|t| t.as_os_str().as_bytes()));
     e.finish()
 }
 
@@ -200,6 +202,9 @@ struct Order {
     user: Option<(u32, u32, Vec<u32>)>,
     /// The command reads the shepherd's stdin (the exec's pipe), else `/dev/null`.
     stdin_piped: bool,
+    /// The terminal the command gets as stdin, stdout, stderr and controlling terminal
+    /// of the session it leads, instead of the pipes.
+    tty: Option<PathBuf>,
 }
 
 impl Order {
@@ -228,6 +233,7 @@ impl Order {
             }
         };
         let stdin_piped = d.u8().ok()? != 0;
+        let tty = d.opt().ok()?.map(|t| PathBuf::from(OsString::from_vec(t)));
         (!argv.is_empty()).then_some(Order {
             program,
             argv,
@@ -235,6 +241,7 @@ impl Order {
             cwd,
             user,
             stdin_piped,
+            tty,
         })
     }
 }
@@ -277,10 +284,31 @@ fn start(ctl: OwnedFd) -> io::Result<Option<Shepherd>> {
     cmd.arg0(OsStr::from_bytes(&order.argv[0]))
         .args(order.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
         .env_clear()
-        .envs(order.env.iter().map(|(k, v)| (k, v)))
-        .process_group(0);
-    if !order.stdin_piped {
-        cmd.stdin(std::process::Stdio::null());
+        .envs(order.env.iter().map(|(k, v)| (k, v)));
+    match &order.tty {
+        // A session of its own on the terminal (a session leader cannot also be made a
+        // group leader first): still this shepherd's descendant, so its kill is the same.
+        Some(path) => {
+            let tty = sys::open_tty(path).and_then(|t| Ok((t.try_clone()?, t.try_clone()?, t)));
+            let (i, o, e) = match tty {
+                Ok(t) => t,
+                Err(e) => {
+                    let mut f = Enc::frame(FAILED, 0);
+                    let msg = format!("cannot open the terminal {}: {e}", path.display());
+                    f.u8(SpawnError::Other as u8).bytes(msg.as_bytes());
+                    let _ = ctl.write_all(&f.finish());
+                    return Ok(None);
+                }
+            };
+            cmd.stdin(i).stdout(o).stderr(e);
+            sys::lead_session_on_tty(&mut cmd);
+        }
+        None => {
+            cmd.process_group(0);
+            if !order.stdin_piped {
+                cmd.stdin(std::process::Stdio::null());
+            }
+        }
     }
     let switching = order.user.is_some();
     match order.user.take() {
@@ -557,6 +585,7 @@ mod tests {
             Some(Path::new("/work dir")),
             Some(&user),
             true,
+            Some(Path::new("/dev/pts/3")),
         );
         let mut buf = frame.clone();
         let frames = split_frames(&mut buf);
@@ -572,19 +601,28 @@ mod tests {
         assert_eq!(o.cwd.as_deref(), Some(Path::new("/work dir")));
         assert_eq!(o.user, Some((1000, 100, vec![100, 27, 4])));
         assert!(o.stdin_piped);
+        assert_eq!(o.tty.as_deref(), Some(Path::new("/dev/pts/3")));
 
         // No directory, no user.
-        let frame = plan_frame(Path::new("/bin/true"), &argv[..1], &[], None, None, false);
+        let frame = plan_frame(
+            Path::new("/bin/true"),
+            &argv[..1],
+            &[],
+            None,
+            None,
+            false,
+            None,
+        );
         let o = Order::decode(&frame[9..]).unwrap();
         assert_eq!(
-            (o.cwd, o.user, o.env.len(), o.stdin_piped),
-            (None, None, 0, false)
+            (o.cwd, o.user, o.env.len(), o.stdin_piped, o.tty),
+            (None, None, 0, false, None)
         );
     }
 
     #[test]
     fn a_plan_without_argv_or_cut_short_is_refused() {
-        let frame = plan_frame(Path::new("/bin/true"), &[], &[], None, None, true);
+        let frame = plan_frame(Path::new("/bin/true"), &[], &[], None, None, true, None);
         assert!(Order::decode(&frame[9..]).is_none());
         let frame = plan_frame(
             Path::new("/bin/true"),
@@ -593,6 +631,7 @@ mod tests {
             None,
             None,
             true,
+            None,
         );
         for cut in 0..frame.len() - 9 {
             assert!(Order::decode(&frame[9..9 + cut]).is_none(), "cut at {cut}");

@@ -21,12 +21,14 @@ pub(crate) const ENOSYS: i32 = 38;
 pub(crate) const ELOOP: i32 = 40;
 
 use std::ffi::{CStr, CString};
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::raw::{c_char, c_int, c_long, c_short, c_uint, c_ulong};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// `struct pollfd`.
@@ -462,6 +464,83 @@ fn become_user(uid: u32, gid: u32, groups: &[u32], cwd: Option<&CStr>) -> io::Re
 /// Makes `cmd` switch to the user in the child, before exec, and only then enter `cwd`
 /// (std would enter it first, as root: a link the user swapped in would be followed
 /// with root's rights).
+/// `ioctl`s of terminals (asm-generic numbers: x86_64 and aarch64 alike).
+const TIOCSPTLCK: c_ulong = 0x4004_5431;
+const TIOCGPTN: c_ulong = 0x8004_5430;
+const TIOCSWINSZ: c_ulong = 0x5414;
+const TIOCSCTTY: c_ulong = 0x540E;
+/// `O_NOCTTY` (asm-generic).
+const O_NOCTTY: c_int = 0o400;
+
+/// `struct winsize`.
+#[repr(C)]
+struct WinSize {
+    rows: u16,
+    cols: u16,
+    xpixel: u16,
+    ypixel: u16,
+}
+
+/// A new pseudo-terminal of `rows` x `cols`: its master (close-on-exec) and the path of
+/// its terminal side (`/dev/pts/N`, on the root-owned devpts: no other user can swap
+/// it), unlocked, for the exec's shepherd to open.
+pub fn open_pty(rows: u16, cols: u16) -> io::Result<(File, PathBuf)> {
+    let master = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(O_NOCTTY)
+        .open("/dev/ptmx")?;
+    let fd = master.as_raw_fd();
+    let unlock: c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int through the pointer, which outlives the call.
+    check(unsafe { ioctl(fd, TIOCSPTLCK, &unlock as *const c_int) })?;
+    let mut n: c_uint = 0;
+    // SAFETY: TIOCGPTN writes one unsigned int through the pointer.
+    check(unsafe { ioctl(fd, TIOCGPTN, &mut n as *mut c_uint) })?;
+    set_window_size(&master, rows, cols)?;
+    let path = PathBuf::from(format!("/dev/pts/{n}"));
+    // devpts gives the terminal side mode 0620 and group `tty`: a user of that group
+    // could write into this exec's terminal (and so into its output). Only the helper's
+    // user (who opens it for the command) keeps access.
+    open_tty(&path)?.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok((master, path))
+}
+
+/// Sets a terminal's size (the kernel signals `SIGWINCH` to its foreground group).
+pub fn set_window_size(tty: &File, rows: u16, cols: u16) -> io::Result<()> {
+    let size = WinSize {
+        rows,
+        cols,
+        xpixel: 0,
+        ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `struct winsize` through the pointer.
+    check(unsafe { ioctl(tty.as_raw_fd(), TIOCSWINSZ, &size as *const WinSize) }).map(drop)
+}
+
+/// Opens a pseudo-terminal's terminal side without making it the caller's controlling
+/// terminal.
+pub fn open_tty(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(O_NOCTTY | O_NOFOLLOW)
+        .open(path)
+}
+
+/// Has the command lead a new session whose controlling terminal is its stdin (a
+/// terminal), so that the terminal's signals (Ctrl-C) reach its foreground group.
+pub fn lead_session_on_tty(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only makes two
+    // async-signal-safe system calls (setsid, ioctl); it allocates and locks nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            check(setsid())?;
+            check(ioctl(0, TIOCSCTTY, 0 as c_ulong)).map(drop)
+        });
+    }
+}
+
 pub fn switch_user(cmd: &mut Command, uid: u32, gid: u32, groups: Vec<u32>, cwd: Option<CString>) {
     // SAFETY: the closure runs in the forked child before exec. It only calls
     // async-signal-safe functions (setgroups, setgid, setuid, chdir, errno) and reads

@@ -78,6 +78,8 @@ capabilities! {
     files,
     /// `Stdin::Piped`: stdin written while the command runs (bytes and none always work).
     stdin_streaming,
+    /// `ExecSpec::tty`: a command on a pseudo-terminal, with resize and terminal signals.
+    tty,
     /// `Driver::attach` to a run by id from another process.
     attach,
     /// The CA bundle is added to the image's system trust store (where it has one).
@@ -156,6 +158,9 @@ impl Capabilities {
             }
             self.check_user_name(user)?;
         }
+        if spec.tty.is_some() && !self.tty {
+            return unsupported("tty", "a terminal");
+        }
         if matches!(spec.stdin, Stdin::Piped) && !self.stdin_streaming {
             return unsupported(
                 "stdin",
@@ -229,6 +234,7 @@ mod tests {
             .ttl(true)
             .files(true)
             .stdin_streaming(true)
+            .tty(true)
             .attach(true)
             .system_trust_store(true)
             .pool(true)

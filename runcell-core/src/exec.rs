@@ -278,8 +278,13 @@ pub struct ExecStream {
     stdin: Option<StdinWriter>,
     status: oneshot::Receiver<ExitStatus>,
     started: Instant,
+    /// A terminal exec's resize.
+    resizer: Option<Resizer>,
     _cancel_on_drop: DropGuard,
 }
+
+/// Sets the size of a terminal exec's terminal.
+pub(crate) type Resizer = Box<dyn Fn(u16, u16) -> Result<()> + Send + Sync>;
 
 impl fmt::Debug for ExecStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -353,8 +358,28 @@ impl ExecStream {
             stdin: writer,
             status: status_rx,
             started,
+            resizer: None,
             _cancel_on_drop: cancel.drop_guard(),
         }
+    }
+
+    /// Gives a terminal exec its resize.
+    pub(crate) fn with_resizer(mut self, resizer: Resizer) -> ExecStream {
+        self.resizer = Some(resizer);
+        self
+    }
+
+    /// Sets the size of the terminal of an exec started with [`ExecSpec::tty`]: the
+    /// command's foreground process group gets `SIGWINCH` and reads the new size. An
+    /// exec without a terminal is [`ErrorKind::InvalidSpec`] naming `tty`; a size of 0 is
+    /// [`ErrorKind::InvalidSpec`] naming `tty.rows` or `tty.cols`. An exec that ended
+    /// ignores it.
+    pub fn resize(&self, rows: u16, cols: u16) -> Result<()> {
+        let Some(resize) = &self.resizer else {
+            return Err(Error::invalid_spec("tty", "this exec has no terminal"));
+        };
+        crate::spec::TerminalSize::new(rows, cols).validate()?;
+        resize(rows, cols)
     }
 
     /// The stdin writer, once, when the spec asked for [`Stdin::Piped`].

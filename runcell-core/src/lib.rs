@@ -70,8 +70,8 @@ pub use registry::{
 pub use run::{Driver, PoolProtocol, Run, RunExt};
 pub use spec::{
     DEFAULT_WORKSPACE_PATH, ExecSpec, MIN_DISK_BYTES, MIN_MEMORY_BYTES, Network, Proxy, PullPolicy,
-    Resources, RunSpec, Security, Stdin, Workspace, could_be_id_prefix, normalize_registry,
-    qualified_name, registry_of,
+    Resources, RunSpec, Security, Stdin, TerminalSize, Workspace, could_be_id_prefix,
+    normalize_registry, qualified_name, registry_of,
 };
 
 /// The names most programs need: `use runcell_core::prelude::*;`.

@@ -459,3 +459,33 @@ fn stdin_is_read_while_stdout_is_blocked() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn a_terminal_exec_runs_on_a_private_terminal_of_its_size() {
+    let mut h = Helper::start();
+    let mut sp = sh("for fd in 0 1 2; do [ -t $fd ] || echo no-tty-$fd; done; \
+                     stty size; stat -c '%a %u' $(tty); echo err >&2; exit 3");
+    sp.tty = Some((33, 101));
+    h.spawn(1, &sp).unwrap();
+    let out = h.wait_exit(1);
+    let text = out.text();
+    assert_eq!(out.exit, (EXITED, 3), "{text:?}");
+    assert!(out.stderr.is_empty(), "a terminal has one stream: {out:?}");
+    let uid = my_uid();
+    assert_eq!(
+        text,
+        format!("33 101\r\n600 {uid}\r\nerr\r\n"),
+        "the terminal's size, mode and owner, and stderr on it"
+    );
+    // A resize of an exec that ended is ignored.
+    let mut e = Enc::frame(RESIZE, 1);
+    e.u32(10).u32(10);
+    h.send(e.finish());
+    h.send_empty(PING, 2);
+    assert_eq!(h.recv().kind, PONG);
+}
+
+/// This process's uid, as `stat` prints a file's owner.
+fn my_uid() -> u32 {
+    fs::metadata("/proc/self").unwrap().uid()
+}

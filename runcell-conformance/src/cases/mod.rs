@@ -19,6 +19,7 @@ mod lifecycle;
 mod pool;
 mod races;
 mod robustness;
+mod terminal;
 mod transfers;
 mod workspace;
 
@@ -37,6 +38,7 @@ pub use lifecycle::*;
 pub use pool::*;
 pub use races::*;
 pub use robustness::*;
+pub use terminal::*;
 pub use transfers::*;
 pub use workspace::*;
 
@@ -138,6 +140,11 @@ pub static CASES: &[Case] = &[
     case!(cpu_limit_is_honoured_or_unsupported),
     case!(pids_limit_is_honoured_or_unsupported),
     case!(disk_limit_is_enforced_or_unsupported),
+    case!(a_terminal_exec_sees_its_terminal_and_resizes),
+    case!(
+        ctrl_c_interrupts_a_terminal_exec_and_timeouts_still_kill,
+        |c| c.tty
+    ),
     case!(cap_drop_is_honoured_or_unsupported),
     case!(no_new_privileges_is_honoured_or_unsupported),
     case!(read_only_rootfs_is_honoured_or_unsupported),

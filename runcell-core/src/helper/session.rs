@@ -643,6 +643,7 @@ impl Session {
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         raw: &RawExec,
+        tty: Option<(u16, u16)>,
         deadline: Option<Instant>,
     ) -> Result<(u32, RawProcess)> {
         let piped = !matches!(raw.stdin, Stdin::Null);
@@ -656,6 +657,7 @@ impl Session {
             working_dir: raw.working_dir.as_ref().map(|d| d.as_bytes().to_vec()),
             user: raw.user.as_ref().map(|u| u.as_bytes().to_vec()),
             stdin_piped: piped,
+            tty,
         };
         let (mut events, window) = self.open_id(piped, true)?;
         let id = events.id;
@@ -818,6 +820,13 @@ impl Session {
     }
 
     /// Sends a frame of an open operation.
+    /// `RESIZE`: the new size of a terminal exec's terminal (a frame, no answer).
+    pub(crate) fn resize(&self, id: u32, rows: u16, cols: u16) -> Result<()> {
+        let mut frame = Enc::frame(proto::RESIZE, id);
+        frame.u32(rows.into()).u32(cols.into());
+        self.send_frame(frame.finish())
+    }
+
     pub(crate) fn send_frame(&self, frame: Vec<u8>) -> Result<()> {
         self.frames
             .send(frame)

@@ -21,7 +21,7 @@ use super::control::{Control, HelperControl, TARGET_CHECK_BOUND};
 
 /// `caps` with what the exec helper does on any backend.
 pub(super) fn with_helper(caps: Capabilities) -> Capabilities {
-    caps.exec_user(true).stdin_streaming(true)
+    caps.exec_user(true).stdin_streaming(true).tty(true)
 }
 
 /// Where a run's helper stands.
@@ -297,21 +297,30 @@ impl<B: Backend> Run for CoreRun<B> {
             status,
         };
         if let Some(session) = session {
+            let tty = spec.tty.map(|t| (t.rows, t.cols));
             let (hid, process) = session
-                .spawn(&raw, deadline)
+                .spawn(&raw, tty, deadline)
                 .await
                 .map_err(|e| e.with("run", &self.id))?;
             let mut left = spec.clone();
             left.timeout =
                 deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            let resizer = tty.is_some().then(|| {
+                let session = session.clone();
+                Box::new(move |rows, cols| session.resize(hid, rows, cols)) as crate::exec::Resizer
+            });
             let control = HelperControl {
                 session,
                 hid,
                 fallback: plain_control(process.status),
             };
-            return Ok(span.in_scope(|| {
+            let stream = span.in_scope(|| {
                 ExecStream::spawn(&left, process.output, process.stdin, Box::new(control))
-            }));
+            });
+            return Ok(match resizer {
+                Some(resizer) => stream.with_resizer(resizer),
+                None => stream,
+            });
         }
         let process =
             tracing::Instrument::instrument(self.backend.exec_raw(&self.id, raw), span.clone())

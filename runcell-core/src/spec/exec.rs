@@ -40,6 +40,35 @@ pub struct ExecSpec {
     pub timeout: Option<Duration>,
     /// Per-stream cap of a buffered exec's output, in bytes (default 16 MiB).
     pub output_limit: Option<usize>,
+    /// Run the command on a new pseudo-terminal of this size (see [`ExecSpec::tty`]).
+    pub tty: Option<TerminalSize>,
+}
+
+/// The size of an exec's terminal, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TerminalSize {
+    /// Rows, from 1.
+    pub rows: u16,
+    /// Columns, from 1.
+    pub cols: u16,
+}
+
+impl TerminalSize {
+    /// `rows` x `cols`.
+    pub fn new(rows: u16, cols: u16) -> Self {
+        TerminalSize { rows, cols }
+    }
+
+    /// Both from 1, naming `tty.rows` or `tty.cols`.
+    pub fn validate(&self) -> Result<()> {
+        if self.rows == 0 {
+            return Err(Error::invalid_spec("tty.rows", "must be from 1"));
+        }
+        if self.cols == 0 {
+            return Err(Error::invalid_spec("tty.cols", "must be from 1"));
+        }
+        Ok(())
+    }
 }
 
 impl ExecSpec {
@@ -97,6 +126,19 @@ impl ExecSpec {
         self
     }
 
+    /// Runs the command on a new pseudo-terminal of `rows` x `cols`, as `docker exec -t`
+    /// does: its stdin, stdout and stderr are the terminal (so `isatty` is true and its
+    /// output is one stream, stdout, with the terminal's line endings), and it leads a
+    /// session whose controlling terminal that is. Bytes written to its stdin are typed
+    /// (`\x03`, Ctrl-C, interrupts the foreground process group; a terminal has no end of
+    /// input, so closing stdin is not one: type `\x04`);
+    /// [`crate::ExecStream::resize`] changes the size. Needs the capability `tty` (the
+    /// exec helper gives it on every driver).
+    pub fn tty(mut self, rows: u16, cols: u16) -> Self {
+        self.tty = Some(TerminalSize::new(rows, cols));
+        self
+    }
+
     /// Checks every field; the first problem is returned naming its field.
     pub fn validate(&self) -> Result<()> {
         validate_argv("argv", &self.argv)?;
@@ -118,6 +160,9 @@ impl ExecSpec {
         }
         if self.timeout == Some(Duration::ZERO) {
             return Err(Error::invalid_spec("timeout", "must be positive"));
+        }
+        if let Some(tty) = &self.tty {
+            tty.validate()?;
         }
         Ok(())
     }
@@ -143,6 +188,7 @@ impl fmt::Debug for ExecSpec {
             .field("stdin", &self.stdin)
             .field("timeout", &self.timeout)
             .field("output_limit", &self.output_limit)
+            .field("tty", &self.tty)
             .finish()
     }
 }
@@ -165,5 +211,10 @@ mod tests {
         let e = ExecSpec::new(["true"]).env("=", "").validate().unwrap_err();
         assert_eq!(e.field(), Some("env[0].name"));
         ExecSpec::new(["true"]).validate().unwrap();
+        let e = ExecSpec::new(["sh"]).tty(0, 80).validate().unwrap_err();
+        assert_eq!(e.field(), Some("tty.rows"));
+        let e = ExecSpec::new(["sh"]).tty(24, 0).validate().unwrap_err();
+        assert_eq!(e.field(), Some("tty.cols"));
+        ExecSpec::new(["sh"]).tty(24, 80).validate().unwrap();
     }
 }

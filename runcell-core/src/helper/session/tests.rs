@@ -126,7 +126,7 @@ fn exec(stdin: Stdin) -> RawExec {
 async fn started(session: &Arc<Session>, peer: &mut Peer, stdin: Stdin) -> (u32, RawProcess) {
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move { session.spawn(&exec(stdin), None).await })
+        tokio::spawn(async move { session.spawn(&exec(stdin), None, None).await })
     };
     let (id, _) = peer.expect(proto::SPAWN).await;
     peer.send(frame_u32(proto::STARTED, id, 42));
@@ -325,7 +325,11 @@ async fn a_spawn_unanswered_by_its_deadline_retires_the_session() {
     let deadline = start + Duration::from_secs(3);
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), Some(deadline)).await })
+        tokio::spawn(async move {
+            session
+                .spawn(&exec(Stdin::Null), None, Some(deadline))
+                .await
+        })
     };
     peer.expect(proto::SPAWN).await;
     let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
@@ -350,7 +354,7 @@ async fn a_spawn_never_answered_may_have_run() {
     let start = Instant::now();
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None).await })
+        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None, None).await })
     };
     peer.expect(proto::SPAWN).await;
     let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
@@ -364,7 +368,7 @@ async fn a_helper_lost_after_a_spawn_may_have_run() {
     let (session, mut peer) = opened().await;
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None).await })
+        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None, None).await })
     };
     peer.expect(proto::SPAWN).await;
     peer.hang_up();
