@@ -21,8 +21,12 @@ const STDIN_UP_FRONT_LIMIT: u64 = 64 << 20;
 const KILL_WAIT: Duration = Duration::from_secs(15);
 
 pub struct Options {
-    /// Forward this process's stdin (when it is not a terminal).
+    /// Forward this process's stdin (when it is not a terminal, or `interactive`).
     pub forward_stdin: bool,
+    /// Forward stdin even when it is a terminal (raw mode with `tty`).
+    pub interactive: bool,
+    /// Run the command on a terminal in the run, sized as this process's.
+    pub tty: bool,
     /// Handle SIGINT/SIGTERM here: kill the command's processes in the run, then exit
     /// 130/143. (`run` leaves signals to `stop_runs_on_signal`, which stops the run.)
     pub interruptible: bool,
@@ -41,7 +45,27 @@ pub async fn stream(
     }
     let stdin = std::io::stdin();
     let mut pipe_stdin = false;
-    if options.forward_stdin && !stdin.is_terminal() {
+    let mut raw_mode = None;
+    let mut window_changes = None;
+    if options.tty {
+        let (rows, cols) = crate::tty::size().unwrap_or((24, 80));
+        spec = spec.tty(rows, cols);
+        if std::io::stdout().is_terminal() {
+            window_changes = Some(
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+                    .map_err(|e| Failure::usage(format!("watching the terminal's size: {e}")))?,
+            );
+        }
+    }
+    if options.forward_stdin && options.interactive && stdin.is_terminal() {
+        spec.stdin = Stdin::Piped;
+        pipe_stdin = true;
+        if options.tty {
+            // Restored when this function returns, whichever way.
+            raw_mode = crate::tty::RawMode::enter()
+                .map_err(|e| Failure::usage(format!("setting the terminal to raw mode: {e}")))?;
+        }
+    } else if options.forward_stdin && !stdin.is_terminal() {
         if capabilities.stdin_streaming {
             spec.stdin = Stdin::Piped;
             pipe_stdin = true;
@@ -96,6 +120,12 @@ pub async fn stream(
         let chunk = tokio::select! {
             c = exec.next_chunk() => c,
             code = wait_signal(&mut signals) => break Some(code),
+            Some(()) = window_changed(&mut window_changes) => {
+                if let Some((rows, cols)) = crate::tty::size() {
+                    let _ = exec.resize(rows, cols);
+                }
+                continue;
+            }
         };
         match chunk {
             None => break None,
@@ -133,7 +163,16 @@ pub async fn stream(
         return Ok(exit);
     }
     let status = exec.wait().await;
+    drop(raw_mode);
     Ok(exit_code(&status, timeout))
+}
+
+/// The next change of this terminal's size; never, without a terminal.
+async fn window_changed(changes: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match changes {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The exit code for a status, telling on stderr what is not the command's own.

@@ -12,6 +12,7 @@ mod errors;
 mod exec;
 mod progress;
 mod spec;
+mod tty;
 mod units;
 
 use std::collections::BTreeMap;
@@ -86,6 +87,12 @@ enum Command {
     /// terminal. Exits with the command's exit code.
     #[command(after_help = EXIT_CODES_HELP)]
     Exec(ExecArgs),
+    /// A shell on a terminal in a run: `sandbox exec -it RUN -- sh`.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Shell {
+        /// The run id.
+        run: String,
+    },
     /// Start a run, run one command in it, stop it. Ctrl-C stops the run too.
     #[command(after_help = EXIT_CODES_HELP)]
     Run {
@@ -157,8 +164,16 @@ struct RunExecArgs {
     #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
     timeout: Option<Duration>,
     /// Do not forward stdin (the command reads EOF).
-    #[arg(short = 'n', long)]
+    #[arg(short = 'n', long, conflicts_with = "interactive")]
     no_stdin: bool,
+    /// Forward stdin even when it is a terminal (with -t, in raw mode: every key goes to
+    /// the command; restored on exit).
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    /// Run the command on a terminal in the run, sized as this one and resized with it
+    /// (as `docker exec -t`); its output is one stream.
+    #[arg(short = 't', long)]
+    tty: bool,
     /// The command and its arguments, after `--`. Never run through a shell: use
     /// `-- sh -c '...'` for shell syntax.
     #[arg(last = true, required = true, value_name = "ARGV")]
@@ -307,8 +322,22 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             spec.user = args.user.clone();
             let options = exec::Options {
                 forward_stdin: !args.common.no_stdin,
+                interactive: args.common.interactive,
+                tty: args.common.tty,
                 interruptible: true,
             };
+            exec::stream(&*run, &driver.capabilities(), spec, options).await
+        }
+        Command::Shell { run } => {
+            let driver = connect(g).await?;
+            let run = driver.attach(run).await?;
+            let options = exec::Options {
+                forward_stdin: true,
+                interactive: true,
+                tty: true,
+                interruptible: true,
+            };
+            let spec = runcell_core::ExecSpec::new(["sh"]);
             exec::stream(&*run, &driver.capabilities(), spec, options).await
         }
         Command::Run { spec, exec: args } => {
@@ -326,6 +355,8 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             handle_signals()?;
             let options = exec::Options {
                 forward_stdin: !args.no_stdin,
+                interactive: args.interactive,
+                tty: args.tty,
                 interruptible: false,
             };
             let result =

@@ -939,3 +939,117 @@ fn outcomes_say_exactly_what_happened() {
     );
     sb.assert_nothing_left();
 }
+
+/// A tmux server of the test's own, with one 90x20 window running `command`.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(socket: &str, command: &str) -> Tmux {
+        let t = Tmux {
+            socket: socket.into(),
+        };
+        let ok = t
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-s",
+                "t",
+                "-x",
+                "90",
+                "-y",
+                "20",
+                command,
+            ])
+            .status()
+            .expect("tmux (installed by `cargo xtask test`)")
+            .success();
+        assert!(ok, "tmux new-session failed");
+        t
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new("tmux");
+        c.args(["-L", &self.socket]).args(args);
+        c
+    }
+
+    fn screen(&self) -> String {
+        text(
+            &self
+                .cmd(&["capture-pane", "-p", "-t", "t"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "t"];
+        args.extend(keys);
+        assert!(self.cmd(&args).status().unwrap().success());
+    }
+
+    /// Waits (bounded) until the screen shows `want`.
+    fn wait_for(&self, want: &str) {
+        let shown = eventually(Duration::from_secs(30), || self.screen().contains(want));
+        assert!(shown, "no {want:?} on the screen:\n{}", self.screen());
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).status();
+    }
+}
+
+#[test]
+fn exec_it_drives_a_terminal_in_the_run_and_restores_this_one() {
+    let Some(sb) = sandbox("exec-it") else {
+        return;
+    };
+    let id = sb.start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let after = dir.path().join("stty-after");
+    let mut argv = vec![env!("CARGO_BIN_EXE_sandbox").to_string()];
+    argv.extend(sb.global.iter().cloned());
+    argv.extend(["exec", "-it", &id, "--", "sh"].map(String::from));
+    let command = format!(
+        "{}; echo EXIT=$?; stty -a > {}; sleep 600",
+        shell_words::join(&argv),
+        shell_words::quote(after.to_str().unwrap())
+    );
+    let tmux = Tmux::start(&sb.label_value, &command);
+    tmux.keys(&[
+        "[ -t 0 ] && [ -t 1 ] && echo TTY-$(stty size | tr ' ' x)",
+        "Enter",
+    ]);
+    tmux.wait_for("TTY-20x90");
+    tmux.cmd(&["resize-window", "-t", "t", "-x", "120", "-y", "30"])
+        .status()
+        .unwrap();
+    tmux.keys(&["echo NOW-$(stty size | tr ' ' x)", "Enter"]);
+    tmux.wait_for("NOW-30x120");
+    tmux.keys(&["sleep 1000", "Enter"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux.keys(&["C-c"]);
+    tmux.keys(&["echo AFTER-$?", "Enter"]);
+    // The shell's status of a command killed by SIGINT.
+    tmux.wait_for("AFTER-130");
+    tmux.keys(&["exit 5", "Enter"]);
+    tmux.wait_for("EXIT=5");
+    let restored = eventually(Duration::from_secs(10), || after.exists());
+    assert!(restored, "the shell after the exec did not run");
+    let stty = std::fs::read_to_string(&after).unwrap();
+    let words: Vec<&str> = stty.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig", "opost"] {
+        assert!(
+            words.contains(&mode),
+            "the terminal is not restored ({mode}): {stty}"
+        );
+    }
+    drop(tmux);
+    run(sb.cmd(&["stop", &id]));
+    sb.assert_nothing_left();
+}

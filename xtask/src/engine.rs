@@ -46,7 +46,7 @@ type Package = (&'static str, fn() -> bool);
 /// tests (openssl, sshd, ssh), the loopback registry (docker-registry), and Podman's
 /// rootful and rootless services (podman, catatonit, newuidmap), and the test cluster's
 /// real node (containerd and runc, which docker.io also brings, and the CNI plugins).
-const TEST_PACKAGES: [Package; 10] = [
+const TEST_PACKAGES: [Package; 11] = [
     ("openssl", || on_path("openssl")),
     ("docker-registry", || installed("docker-registry")),
     ("podman", || on_path("podman")),
@@ -63,6 +63,8 @@ const TEST_PACKAGES: [Package; 10] = [
     ("containernetworking-plugins", || {
         std::path::Path::new("/usr/lib/cni/bridge").exists()
     }),
+    // The CLI's terminal test drives `sandbox exec -it` in a real terminal.
+    ("tmux", || on_path("tmux")),
 ];
 
 /// What the demo needs on the machine: the Docker engine and CLI, and a static busybox
