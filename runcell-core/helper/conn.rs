@@ -165,6 +165,12 @@ impl Conn {
     /// `SPAWN`.
     fn spawn(&mut self, id: u32, sp: &Spawn) {
         self.sweep();
+        if id == 0 {
+            // 0 is the connection's (and a spare shepherd's mark in the registry).
+            self.h
+                .send_spawn_error(id, SpawnError::Other, "id 0 is not an exec's");
+            return;
+        }
         if self.in_use(id) {
             self.h
                 .send_spawn_error(id, SpawnError::Other, "id already in use");

@@ -89,6 +89,8 @@ pub(crate) struct ExecState {
     pub(crate) shepherd_status: Option<i32>,
     /// `STARTED` was sent: the threads may send frames.
     started: bool,
+    /// The command's pid, once started.
+    pub(crate) root: Option<i32>,
     /// `EXIT` was sent (or the spawn was abandoned): no more frames.
     pub(crate) done: bool,
     /// Stdin is a pipe (else `/dev/null`).
@@ -214,9 +216,10 @@ impl Helper {
     ) -> Result<(), (SpawnError, String)> {
         let plan = self.plan(sp)?;
         let res = |e: io::Error| (spawn_error_kind(&e, false), e.to_string());
+        let owner = plan.switch.as_ref().map(|c| c.uid);
         let tty = sp
             .tty
-            .map(|(rows, cols)| sys::open_pty(rows, cols))
+            .map(|(rows, cols)| sys::open_pty(rows, cols, owner))
             .transpose()
             .map_err(|e| {
                 (
@@ -254,7 +257,7 @@ impl Helper {
             let shepherd = match r.spare.take() {
                 // Still registered as the spare: not reaped (a process of the run may
                 // have killed it; its plan then fails to go out, as any dead shepherd's).
-                Some(s) if r.shepherds.get(&s.pid) == Some(&SPARE) => {
+                Some(s) if r.shepherds.get(&s.pid) == Some(&SPARE) && !sys::has_exited(s.pid) => {
                     // One stopped from inside would hold this exec for the answer's
                     // bound: it is this helper's child, so its pid is its own.
                     sys::signal(s.pid, sys::SIGCONT);
@@ -440,6 +443,7 @@ impl Helper {
             let mut st = lock(&ex.st);
             self.send_u32(STARTED, id, root);
             st.started = true;
+            st.root = Some(root as i32);
         }
         ex.cv.notify_all();
     }

@@ -133,7 +133,7 @@ pub const PING: u8 = 6;
 pub const PUT: u8 = 7;
 /// Start a file download: the path (absolute, byte string).
 pub const GET: u8 = 8;
-/// u16 rows + u16 columns: the new size of a terminal exec's terminal (the kernel then
+/// u32 rows + u32 columns (each 1 to 65535): the new size of a terminal exec's terminal (the kernel then
 /// signals `SIGWINCH` to its foreground process group); ignored for other execs.
 pub const RESIZE: u8 = 10;
 /// The host reads no more output of this id (its reader is gone): the helper stops

@@ -13,6 +13,13 @@ use crate::procs::{Proc, scan};
 use crate::proto::{CHUNK, EXIT, EXITED, Enc, SIGNALED, STDERR, STDIN_ACK, STDOUT};
 use crate::{HEADER, Helper, data_frame, diag, lock, shepherd, sys, wait};
 
+/// How long a terminal must stay quiet, once its command was reaped, to be taken as
+/// drained.
+const TTY_QUIET: Duration = Duration::from_millis(50);
+/// How long a terminal is still read once its command was reaped (a background process
+/// may keep printing on it).
+const TTY_DRAIN: Duration = Duration::from_secs(2);
+
 impl Helper {
     /// Reads the exec's stdout and stderr under the credit rule (once the host discarded
     /// the exec: without credit, dropping the data) and the command's status from the
@@ -35,11 +42,19 @@ impl Helper {
         let mut reaped = false;
         // Once the root is reaped: what is still buffered in each pipe, the rest is dropped.
         let mut budget = [usize::MAX; 2];
+        // A terminal's buffer does not hold yet what its other side wrote last (the
+        // kernel moves it a moment later): after the root is reaped a terminal is read
+        // until it ends (EIO), is quiet for TTY_QUIET, or for TTY_DRAIN at most.
+        let tty = ex.tty.is_some();
+        let mut drain_until = Instant::now();
         loop {
             if !reaped && ex.status().is_some() {
                 reaped = true;
+                drain_until = Instant::now() + TTY_DRAIN;
                 for (i, p) in pipes.iter().enumerate() {
-                    if let Some(f) = p {
+                    if let Some(f) = p
+                        && !tty
+                    {
                         budget[i] = sys::readable_bytes(f.as_raw_fd());
                     }
                 }
@@ -86,7 +101,12 @@ impl Helper {
                 n += 1;
                 n - 1
             });
-            match sys::poll_fds(&mut fds[..n], if reaped { 0 } else { -1 }) {
+            let wait_ms = match (reaped, tty) {
+                (false, _) => -1,
+                (true, false) => 0,
+                (true, true) => TTY_QUIET.as_millis() as i32,
+            };
+            match sys::poll_fds(&mut fds[..n], wait_ms) {
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => {
@@ -110,7 +130,10 @@ impl Helper {
                     continue;
                 }
                 let i = slots[k];
-                if fd.revents & sys::POLLIN != 0 {
+                // A terminal that hung up may still hold what was written last: read it
+                // until EIO.
+                let hung_up_tty = tty && fd.revents & sys::POLLHUP != 0;
+                if fd.revents & sys::POLLIN != 0 || hung_up_tty {
                     progress = true;
                     // None: discarded, the data is read and dropped.
                     let credit = ex.flow.wait_credit(1);
@@ -142,7 +165,7 @@ impl Helper {
                     pipes[i] = None;
                 }
             }
-            if reaped && !progress {
+            if reaped && (!progress || (tty && Instant::now() >= drain_until)) {
                 // Nothing buffered any more; a background process holds the pipe: stop.
                 pipes = [None, None];
             }
@@ -250,10 +273,16 @@ impl Helper {
             "exec {}: its shepherd {} died (wait status {ws:#x})",
             ex.id, ex.shepherd
         ));
+        // A terminal exec's command leads a session of its own.
+        let tty_session = ex.tty.is_some().then(|| lock(&ex.st).root).flatten();
         for _ in 0..10 {
             let left: Vec<Proc> = scan()
                 .into_iter()
-                .filter(|p| p.sid == ex.shepherd && p.pid != self.pid && !p.zombie)
+                .filter(|p| {
+                    (p.sid == ex.shepherd || Some(p.sid) == tty_session)
+                        && p.pid != self.pid
+                        && !p.zombie
+                })
                 .collect();
             if left.is_empty() {
                 break;

@@ -79,6 +79,7 @@ struct SigInfo {
 const PR_SET_DUMPABLE: c_int = 4;
 const PR_SET_CHILD_SUBREAPER: c_int = 36;
 const P_ALL: c_int = 0;
+const P_PID: c_int = 1;
 const WNOHANG: c_int = 1;
 const WEXITED: c_int = 4;
 const WNOWAIT: c_int = 0x0100_0000;
@@ -180,6 +181,23 @@ pub fn wait_exited() -> io::Result<i32> {
     // SAFETY: `info` is a writable siginfo_t-sized buffer that outlives the call.
     check(unsafe { waitid(P_ALL, 0, &mut info, WEXITED | WNOWAIT) })?;
     Ok(info.pid)
+}
+
+/// Whether the child `pid` has exited (a zombie not reaped yet), without reaping it.
+pub fn has_exited(pid: i32) -> bool {
+    let mut info = SigInfo {
+        signo: 0,
+        errno: 0,
+        code: 0,
+        pad: 0,
+        pid: 0,
+        uid: 0,
+        status: 0,
+        rest: [0; 100],
+    };
+    // SAFETY: `info` is a writable siginfo_t-sized buffer that outlives the call.
+    let r = unsafe { waitid(P_PID, pid as c_uint, &mut info, WEXITED | WNOHANG | WNOWAIT) };
+    r == 0 && info.pid == pid
 }
 
 /// Reaps `pid` if it is a zombie: its wait status.
@@ -461,9 +479,6 @@ fn become_user(uid: u32, gid: u32, groups: &[u32], cwd: Option<&CStr>) -> io::Re
     Ok(())
 }
 
-/// Makes `cmd` switch to the user in the child, before exec, and only then enter `cwd`
-/// (std would enter it first, as root: a link the user swapped in would be followed
-/// with root's rights).
 /// `ioctl`s of terminals (asm-generic numbers: x86_64 and aarch64 alike).
 const TIOCSPTLCK: c_ulong = 0x4004_5431;
 const TIOCGPTN: c_ulong = 0x8004_5430;
@@ -483,26 +498,29 @@ struct WinSize {
 
 /// A new pseudo-terminal of `rows` x `cols`: its master (close-on-exec) and the path of
 /// its terminal side (`/dev/pts/N`, on the root-owned devpts: no other user can swap
-/// it), unlocked, for the exec's shepherd to open.
-pub fn open_pty(rows: u16, cols: u16) -> io::Result<(File, PathBuf)> {
+/// it), for the exec's shepherd to open. devpts makes the terminal side 0620, group
+/// `tty`, where a user of that group could write into this exec's terminal (and so into
+/// its output): it is made 0600 and given to `owner` (the exec's user, when it switches;
+/// else it stays the helper's) while still locked, so nobody opened it before.
+pub fn open_pty(rows: u16, cols: u16, owner: Option<u32>) -> io::Result<(File, PathBuf)> {
     let master = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(O_NOCTTY)
         .open("/dev/ptmx")?;
     let fd = master.as_raw_fd();
-    let unlock: c_int = 0;
-    // SAFETY: TIOCSPTLCK reads one int through the pointer, which outlives the call.
-    check(unsafe { ioctl(fd, TIOCSPTLCK, &unlock as *const c_int) })?;
     let mut n: c_uint = 0;
     // SAFETY: TIOCGPTN writes one unsigned int through the pointer.
     check(unsafe { ioctl(fd, TIOCGPTN, &mut n as *mut c_uint) })?;
-    set_window_size(&master, rows, cols)?;
     let path = PathBuf::from(format!("/dev/pts/{n}"));
-    // devpts gives the terminal side mode 0620 and group `tty`: a user of that group
-    // could write into this exec's terminal (and so into its output). Only the helper's
-    // user (who opens it for the command) keeps access.
-    open_tty(&path)?.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(&path, Some(uid), None)?;
+    }
+    set_window_size(&master, rows, cols)?;
+    let unlock: c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int through the pointer, which outlives the call.
+    check(unsafe { ioctl(fd, TIOCSPTLCK, &unlock as *const c_int) })?;
     Ok((master, path))
 }
 
@@ -541,6 +559,9 @@ pub fn lead_session_on_tty(cmd: &mut Command) {
     }
 }
 
+/// Makes `cmd` switch to the user in the child, before exec, and only then enter `cwd`
+/// (std would enter it first, as root: a link the user swapped in would be followed
+/// with root's rights).
 pub fn switch_user(cmd: &mut Command, uid: u32, gid: u32, groups: Vec<u32>, cwd: Option<CString>) {
     // SAFETY: the closure runs in the forked child before exec. It only calls
     // async-signal-safe functions (setgroups, setgid, setuid, chdir, errno) and reads

@@ -489,3 +489,33 @@ fn a_terminal_exec_runs_on_a_private_terminal_of_its_size() {
 fn my_uid() -> u32 {
     fs::metadata("/proc/self").unwrap().uid()
 }
+
+#[test]
+fn a_terminal_exec_delivers_all_it_printed_before_exiting() {
+    let mut h = Helper::start();
+    for i in 1..=20u32 {
+        let mut sp = sh("head -c 200000 /dev/zero | tr '\\0' x");
+        sp.tty = Some((24, 80));
+        h.spawn(i, &sp).unwrap();
+        let out = h.wait_exit(i);
+        assert_eq!(out.exit, (EXITED, 0));
+        assert_eq!(out.stdout.len(), 200_000, "round {i}");
+    }
+}
+
+#[test]
+fn a_terminal_exec_whose_shepherd_is_killed_leaves_nothing() {
+    let mut h = Helper::start();
+    // They ignore the hangup that closing the terminal sends: only the kill ends them.
+    let mut sp = sh("trap '' HUP; sleep 98765 & sleep 98766 & kill -9 $PPID; wait");
+    sp.tty = Some((24, 80));
+    h.spawn(1, &sp).unwrap();
+    let out = h.wait_exit(1);
+    assert_eq!(out.exit, (SIGNALED, 9), "{out:?}");
+    eventually("the terminal exec's processes are gone", || {
+        fs::read_dir("/proc").unwrap().flatten().all(|d| {
+            let cmdline = fs::read(d.path().join("cmdline")).unwrap_or_default();
+            !cmdline.starts_with(b"sleep\x0098765") && !cmdline.starts_with(b"sleep\x0098766")
+        })
+    });
+}

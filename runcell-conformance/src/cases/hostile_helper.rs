@@ -36,13 +36,17 @@ const HELPER_PIDS: &str = "for d in /proc/[0-9]*; do \
      case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in \
        /.runcell/helper*) echo ${d#/proc/};; esac; done";
 
-/// The pid of the one helper running.
+/// The pid of the helper that serves this run's execs: the parent of an exec's
+/// shepherd (`$PPID` of the exec). (Not "the one helper process": CI once saw a second
+/// helper beside it in a pooled run under load, for a moment.)
 async fn helper_pid(run: &dyn Run) -> anyhow::Result<u32> {
-    let pids = sh_stdout(run, HELPER_PIDS).await?;
-    let pids: Vec<u32> = pids.lines().filter_map(|l| l.trim().parse().ok()).collect();
-    match pids.as_slice() {
-        [pid] => Ok(*pid),
-        _ => bail!("expected one helper process, found {pids:?}"),
+    let script = "set -- $(sed 's/.*) //' /proc/$PPID/stat); p=$2; \
+                  echo $p $(tr '\\0' ' ' < /proc/$p/cmdline)";
+    let line = sh_stdout(run, script).await?;
+    let (pid, cmdline) = line.split_once(' ').unwrap_or((&line, ""));
+    match pid.parse::<u32>() {
+        Ok(pid) if cmdline.starts_with("/.runcell/helper") => Ok(pid),
+        _ => bail!("the exec's shepherd's parent is not the helper: {line:?}"),
     }
 }
 

@@ -604,7 +604,6 @@ impl Session {
 
     /// Opens an id: its receiver, and a stdin window when asked.
     fn open_id(&self, window: bool, spawn: bool) -> Result<(Receiver, Option<Arc<Semaphore>>)> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mailbox = Arc::new(Mailbox::default());
         let stdin = window.then(|| Arc::new(Semaphore::new(proto::STDIN_WINDOW as usize)));
         let credit = Arc::new(AtomicI64::new(i64::from(proto::INITIAL_CREDIT)));
@@ -612,6 +611,14 @@ impl Session {
         if let Some(why) = &table.dead {
             return Err(lost(why.clone()));
         }
+        // After 2^32 operations the counter wraps: never 0 (the connection's) nor an id
+        // still in use.
+        let id = loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if id != 0 && !table.slots.contains_key(&id) {
+                break id;
+            }
+        };
         table.slots.insert(
             id,
             Slot {
