@@ -160,7 +160,14 @@ pub async fn a_daemon_that_escaped_its_exec_dies_with_it_while_another_runs(
     let root = &said[0];
     // Before the timeout: the daemon runs under its new name, with an empty environment,
     // in a session of its own.
-    let daemon = sh_stdout(&*run, "cat /tmp/isolation-daemon.pid").await?;
+    // The daemon's grandchild writes its pid file; "started" may come first (CI's
+    // rootless Podman once read no file yet): waited for, bounded.
+    let daemon = sh_stdout(
+        &*run,
+        "for i in $(seq 100); do [ -s /tmp/isolation-daemon.pid ] && break; sleep 0.1; done; \
+         cat /tmp/isolation-daemon.pid",
+    )
+    .await?;
     // As the daemon's user: another user may not read its environment.
     let check = format!(
         "cd /proc/{daemon} && cat comm && wc -c < environ && \
