@@ -166,8 +166,9 @@ pub fn set_not_dumpable() -> io::Result<()> {
     check(unsafe { prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
 }
 
-/// Blocks until some child has exited and returns its pid, leaving it a zombie.
-pub fn wait_exited() -> io::Result<i32> {
+/// `waitid` without reaping (`WNOWAIT` is always added): the pid of the child it found
+/// (0 with `WNOHANG` when none has exited).
+fn wait_id(idtype: c_int, id: c_uint, options: c_int) -> io::Result<i32> {
     let mut info = SigInfo {
         signo: 0,
         errno: 0,
@@ -179,25 +180,18 @@ pub fn wait_exited() -> io::Result<i32> {
         rest: [0; 100],
     };
     // SAFETY: `info` is a writable siginfo_t-sized buffer that outlives the call.
-    check(unsafe { waitid(P_ALL, 0, &mut info, WEXITED | WNOWAIT) })?;
+    check(unsafe { waitid(idtype, id, &mut info, options | WNOWAIT) })?;
     Ok(info.pid)
+}
+
+/// Blocks until some child has exited and returns its pid, leaving it a zombie.
+pub fn wait_exited() -> io::Result<i32> {
+    wait_id(P_ALL, 0, WEXITED)
 }
 
 /// Whether the child `pid` has exited (a zombie not reaped yet), without reaping it.
 pub fn has_exited(pid: i32) -> bool {
-    let mut info = SigInfo {
-        signo: 0,
-        errno: 0,
-        code: 0,
-        pad: 0,
-        pid: 0,
-        uid: 0,
-        status: 0,
-        rest: [0; 100],
-    };
-    // SAFETY: `info` is a writable siginfo_t-sized buffer that outlives the call.
-    let r = unsafe { waitid(P_PID, pid as c_uint, &mut info, WEXITED | WNOHANG | WNOWAIT) };
-    r == 0 && info.pid == pid
+    wait_id(P_PID, pid as c_uint, WEXITED | WNOHANG).is_ok_and(|p| p == pid)
 }
 
 /// Reaps `pid` if it is a zombie: its wait status.

@@ -507,7 +507,9 @@ fn a_terminal_exec_delivers_all_it_printed_before_exiting() {
 fn a_terminal_exec_whose_shepherd_is_killed_leaves_nothing() {
     let mut h = Helper::start();
     // They ignore the hangup that closing the terminal sends: only the kill ends them.
-    let mut sp = sh("trap '' HUP; sleep 98765 & sleep 98766 & kill -9 $PPID; wait");
+    // The shepherd is killed once the exec started (a shepherd killed before it answered
+    // is a spawn error, a case of its own).
+    let mut sp = sh("trap '' HUP; sleep 98765 & sleep 98766 & sleep 0.5; kill -9 $PPID; wait");
     sp.tty = Some((24, 80));
     h.spawn(1, &sp).unwrap();
     let out = h.wait_exit(1);
