@@ -91,6 +91,8 @@ const HEADER: usize = 9;
 const WRITE_BUFFER: usize = 128 * 1024;
 /// How long an exiting helper lets the writer send what is queued (the host may not read).
 const FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
+/// Quiet time after which the writer gives the heap's free pages back to the kernel.
+const TRIM_AFTER: Duration = Duration::from_secs(1);
 
 /// Locks, ignoring poisoning: a panic elsewhere must not stop the helper.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -310,9 +312,7 @@ impl Helper {
                 if q.frames.is_empty() {
                     q.idle = true;
                     self.idle_cv.notify_all();
-                    while q.frames.is_empty() {
-                        q = wait(&self.out_cv, q);
-                    }
+                    q = self.idle_wait(q);
                     q.idle = false;
                 }
             }
@@ -324,6 +324,31 @@ impl Helper {
                 }
             }
         }
+    }
+
+    /// The idle writer waits for a frame. After [`TRIM_AFTER`] without one it gives the
+    /// heap's free pages back (once per quiet spell: the work since the last spell freed
+    /// what it allocated, and glibc would keep it).
+    fn idle_wait<'a>(&'a self, mut q: MutexGuard<'a, OutQueue>) -> MutexGuard<'a, OutQueue> {
+        let mut trimmed = false;
+        while q.frames.is_empty() {
+            if trimmed {
+                q = wait(&self.out_cv, q);
+                continue;
+            }
+            let (g, timeout) = self
+                .out_cv
+                .wait_timeout(q, TRIM_AFTER)
+                .unwrap_or_else(PoisonError::into_inner);
+            q = g;
+            if timeout.timed_out() && q.frames.is_empty() {
+                drop(q);
+                sys::release_free_memory();
+                trimmed = true;
+                q = lock(&self.out);
+            }
+        }
+        q
     }
 
     /// Writing to stdout failed: drop what is queued and shut down (on the writer thread).
@@ -572,6 +597,28 @@ mod tests {
         assert!(lock(&h.out).idle);
         // The writer lives on with the test process; a closed pipe would make it exit the
         // process, so its reader is never closed.
+        std::mem::forget(reader);
+    }
+
+    #[test]
+    fn a_writer_that_trimmed_the_heap_while_idle_still_sends() {
+        let dir = TempDir::new();
+        let h = Helper::leaked(false, dir.path());
+        let (mut reader, writer) = io::pipe().unwrap();
+        assert!(start_thread("writer", move || h
+            .writer(File::from(std::os::fd::OwnedFd::from(writer)))));
+        for round in 0..2u32 {
+            let mut e = Enc::frame(STDOUT, round);
+            e.raw(&vec![round as u8; 100_000]);
+            let f = e.finish();
+            h.send(f.clone());
+            let mut got = vec![0u8; f.len()];
+            reader.read_exact(&mut got).unwrap();
+            assert!(got == f, "round {round}: the frame arrived changed");
+            // Quiet for longer than TRIM_AFTER: the writer trims, then waits again.
+            thread::sleep(TRIM_AFTER + Duration::from_millis(300));
+            assert!(lock(&h.out).idle);
+        }
         std::mem::forget(reader);
     }
 
