@@ -85,14 +85,79 @@
 //!   devices have no entry type and are skipped, as are entries removed before they were
 //!   read; a file that grew is sent as long as it was when its `ENTRY` was sent.
 //!
+//! # Daemon, relay and durable execs (version 3)
+//! The program the host starts through the engine (`/.runcell/helper`, no argument) is a
+//! *relay*. It makes sure the run's *daemon* is up, connects to it over a Unix socket and
+//! copies bytes both ways between its own stdin/stdout and that socket until either side
+//! ends. The daemon (the same executable, started by the first relay with
+//! [`DAEMON_ARG`], in a session of its own, stdio on `/dev/null`, the relay's environment
+//! and working directory) is the helper described in this file: it owns every exec of the
+//! run and outlives any one connection, so a command outlives the stream it was started
+//! on. Every other rule of this file holds per connection, unchanged.
+//! - Where: the directory [`DAEMON_DIR`] beside the executable (normally `/.runcell/d`),
+//!   created mode 0700, owned by the helper's user, never followed through a link; a
+//!   directory there of another owner or mode is not used. Inside, per build (so that a
+//!   relay never talks to a daemon of another build): the socket
+//!   `<digest as 16 hex digits>.sock` and a lock file `<digest>.lock`. A relay takes the
+//!   lock (`flock`), connects, and only when that fails removes a stale socket, starts a
+//!   daemon and waits (bounded) until it listens; then it unlocks. So two relays starting
+//!   at once start one daemon.
+//! - The daemon accepts only peers of its own uid (or root; `SO_PEERCRED`), at most
+//!   [`MAX_CONNECTIONS`] at once, each with a reader and a writer thread of its own.
+//! - When the daemon cannot be used (the directory is not ours, the file system is
+//!   read-only, no socket can be bound), the relay serves its connection itself, as
+//!   version 2 did: nothing outlives the stream, and its `HELLO` says so
+//!   ([`Hello::durable`] false).
+//! - Exec ids are the daemon's, not the connection's: any connection may `ATTACH`, `KILL`
+//!   or `RELEASE` any exec; a `SPAWN` of an id the daemon holds a record of is refused
+//!   ([`SpawnError::IdInUse`]); the host then tries another id.
+//!
+//! Every exec has a *record* in the daemon: its output (stdout and stderr together, in
+//! the order the helper read them, each byte with an *offset* counted from 0), its state
+//! and exit status.
+//! - The record keeps the last [`Spawn::keep`] output bytes (clamped to [`MIN_KEEP`] to
+//!   [`MAX_KEEP`]). While a connection is *attached* to the exec (the one that spawned it,
+//!   or the last to `ATTACH` it), output goes out under the credit rule and a byte is
+//!   dropped from the record only once it was sent and `keep` newer bytes exist: when the
+//!   record is full of bytes not sent yet, the command is blocked on its pipe
+//!   (backpressure, as before). While no connection is attached, the helper keeps reading
+//!   the command's output and drops the oldest bytes beyond `keep`: the command never
+//!   blocks on its output, and what was dropped is reported to the next `ATTACH`.
+//! - host `ATTACH` (u64 `from`) → helper [`Attached`], then the exec's output from
+//!   `Attached::at` on (under a fresh [`INITIAL_CREDIT`]), then `EXIT` once the command
+//!   exited and every byte was sent; or `GONE` (no record of that id: never spawned,
+//!   released, or another build's daemon). `from` = `u64::MAX` means "from the end" (no
+//!   output, only what comes next and the `EXIT`). A connection that was attached to the
+//!   exec gets `DETACHED` and no more frames of that id. `STDIN`, `STDIN_EOF`, `RESIZE`
+//!   and `KILL` of the exec are taken from any connection.
+//! - When a connection ends (EOF, a broken stream, a protocol error): its file operations
+//!   are abandoned; each exec attached to it is unattached. A detached exec
+//!   ([`Spawn::detach`]) runs on. Any other exec still running is killed when
+//!   [`Spawn::grace_ms`] passes without an `ATTACH` (0: at once, the version 2 rule); an
+//!   exec that already exited keeps its record for the same time (so that a host that
+//!   reconnects still gets its `EXIT`), then it is forgotten.
+//! - host `RELEASE`: the host is done with the exec: once it exited, its record is
+//!   forgotten (no more frames of it; a later `ATTACH` is `GONE`). A record is also
+//!   forgotten when a non-detached exec's `EXIT` went out and a `RELEASE` came, and at
+//!   the latest when the container goes. At most [`MAX_RECORDS`] records exist; a
+//!   `SPAWN` beyond is refused ([`SpawnError::Resources`]); exited detached records are
+//!   forgotten oldest first to make room for a new exec.
+//! - `DISCARD` of a non-detached exec is as before (its output is drained and dropped,
+//!   its `EXIT` still sent, then it is forgotten). `DISCARD` of a detached exec only
+//!   unattaches it from this connection (its output is kept).
+//! - host `LIST` (id: a request id, like a file operation's) → helper `EXECS` (same id):
+//!   [`ExecInfo`] of every record.
+//!
 //! # Connection
 //! - helper `HELLO` (id 0) first: [`Hello`].
 //! - host `PING` → helper `PONG`, same id.
-//! - When its stdin ends or breaks, the helper kills the process tree of every exec whose
-//!   `EXIT` it has not sent (at once, SIGKILL) and exits: a broken stream never leaves a
-//!   running command behind. Background processes of execs that already ended are left
-//!   alone, as after a plain exec (their shepherds stay while they live). A helper that
-//!   dies without exiting (killed) leaves the same result: a shepherd whose channel ends
+//! - When a connection ends or breaks, the rule of "Daemon, relay and durable execs"
+//!   applies: with [`Spawn::grace_ms`] 0 (and always when the relay serves the connection
+//!   itself, which then exits) the process tree of every exec whose `EXIT` was not sent is
+//!   killed at once (SIGKILL): a broken stream leaves no running command behind unless the
+//!   host asked for it. Background processes of execs that already ended are left alone,
+//!   as after a plain exec (their shepherds stay while they live). A helper that dies
+//!   without exiting (killed) kills every exec it owned: a shepherd whose channel ends
 //!   before its command's status went out kills the exec's processes at once.
 //! - The helper never blocks reading stdin on a write to stdout (one writer thread with a
 //!   queue; what it queues is bounded by the credits and windows above): on Kubernetes
@@ -101,7 +166,24 @@
 use std::fmt;
 
 /// Bumped on any incompatible change; the host refuses a helper of another version.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
+/// The argument that starts the helper as the run's daemon (see the module docs).
+pub const DAEMON_ARG: &str = "--daemon";
+/// The daemon's directory, beside the helper's executable.
+pub const DAEMON_DIR: &str = "d";
+/// Connections the daemon serves at once; more are closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Exec records the daemon holds at most.
+pub const MAX_RECORDS: usize = 1024;
+/// Output bytes a record keeps at least ([`Spawn::keep`] is clamped up to it).
+pub const MIN_KEEP: u32 = 64 * 1024;
+/// Output bytes a record keeps at most.
+pub const MAX_KEEP: u32 = 256 << 20;
+/// What [`ExecInfo::argv`] keeps of a command: this many arguments, each cut to
+/// [`INFO_ARG_BYTES`].
+pub const INFO_ARGS: usize = 16;
+/// See [`INFO_ARGS`].
+pub const INFO_ARG_BYTES: usize = 256;
 /// Largest frame payload either side accepts: a `SPAWN` of the largest exec the library
 /// validates (argv and env up to 1 MiB each) fits.
 pub const MAX_PAYLOAD: usize = 4 << 20;
@@ -141,6 +223,12 @@ pub const RESIZE: u8 = 10;
 /// data, so the process is never blocked on them) and still sends its `EXIT`; a `GET` is
 /// abandoned (its file closed) with no further frame. `KILL` implies it.
 pub const DISCARD: u8 = 9;
+/// u64 `from`: attach this connection to the exec, its output from offset `from` on.
+pub const ATTACH: u8 = 11;
+/// The host is done with the exec: forget its record once it exited.
+pub const RELEASE: u8 = 12;
+/// List every exec record (answered by `EXECS`, same id).
+pub const LIST: u8 = 13;
 
 // Frame kinds, helper → host.
 /// [`Hello`], id 0, the helper's first frame.
@@ -167,8 +255,17 @@ pub const DONE: u8 = 73;
 pub const FILE_ERROR: u8 = 74;
 /// (both ways) [`Entry`] of a `PUT` or `GET`.
 pub const ENTRY: u8 = 75;
-/// A frame the helper could not decode: message. The helper exits after sending it.
+/// A frame the helper could not decode: message. The helper ends the connection after
+/// sending it.
 pub const PROTOCOL_ERROR: u8 = 76;
+/// [`Attached`]: the answer to `ATTACH`.
+pub const ATTACHED: u8 = 77;
+/// No record of this id (the answer to `ATTACH` of an unknown exec).
+pub const GONE: u8 = 78;
+/// Another connection attached to this exec: no more frames of it come here.
+pub const DETACHED: u8 = 79;
+/// The answer to `LIST`: u32 count + [`ExecInfo`] each.
+pub const EXECS: u8 = 80;
 
 /// `EXIT` kind: exited with the code.
 pub const EXITED: u8 = 0;
@@ -194,6 +291,8 @@ pub enum SpawnError {
     Resources = 7,
     /// Anything else.
     Other = 8,
+    /// The daemon holds a record of this id (another process's exec): try another id.
+    IdInUse = 9,
 }
 
 impl SpawnError {
@@ -207,6 +306,7 @@ impl SpawnError {
             5 => SpawnError::UnknownUser,
             6 => SpawnError::UserDenied,
             7 => SpawnError::Resources,
+            9 => SpawnError::IdInUse,
             _ => SpawnError::Other,
         }
     }
@@ -264,6 +364,10 @@ pub struct Hello {
     pub size: u64,
     /// See `size`.
     pub digest: u64,
+    /// The pid of the relay this connection came through (0: none, the relay serves it).
+    pub relay: u32,
+    /// True: the daemon serves this connection, execs outlive it (see the module docs).
+    pub durable: bool,
 }
 
 impl Hello {
@@ -274,7 +378,9 @@ impl Hello {
             .u32(self.uid)
             .u32(self.gid)
             .u64(self.size)
-            .u64(self.digest);
+            .u64(self.digest)
+            .u32(self.relay)
+            .u8(self.durable as u8);
     }
 
     /// Decodes the payload.
@@ -286,6 +392,8 @@ impl Hello {
             gid: d.u32()?,
             size: d.u64()?,
             digest: d.u64()?,
+            relay: d.u32()?,
+            durable: d.u8()? != 0,
         })
     }
 }
@@ -312,6 +420,14 @@ pub struct Spawn {
     /// (Ctrl-C, `\x03`, interrupts its foreground process group) and `STDIN_EOF` is not
     /// an end of input (a terminal has none: type `\x04`).
     pub tty: Option<(u16, u16)>,
+    /// Runs on when every connection is gone, until it exits, a `KILL`, or the
+    /// container's end (see the module docs).
+    pub detach: bool,
+    /// Output bytes its record keeps (clamped to [`MIN_KEEP`]..=[`MAX_KEEP`]).
+    pub keep: u32,
+    /// How long a non-detached exec outlives the end of the connection it is attached
+    /// to (and an exited one keeps its record), in milliseconds; 0: killed at once.
+    pub grace_ms: u32,
 }
 
 impl Spawn {
@@ -329,6 +445,7 @@ impl Spawn {
             Some((rows, cols)) => e.u8(1).u32(rows.into()).u32(cols.into()),
             None => e.u8(0),
         };
+        e.u8(self.detach as u8).u32(self.keep).u32(self.grace_ms);
     }
 
     /// Decodes the payload.
@@ -349,6 +466,111 @@ impl Spawn {
                 0 => None,
                 _ => Some((size(d.u32()?)?, size(d.u32()?)?)),
             },
+            detach: d.u8()? != 0,
+            keep: d.u32()?,
+            grace_ms: d.u32()?,
+        })
+    }
+}
+
+/// The answer to `ATTACH`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attached {
+    /// Offset of the first output byte that follows: `from`, or the oldest byte the
+    /// record still has when `from` is older (the bytes between were dropped while no
+    /// connection was attached), or the end when `from` is past it (or `u64::MAX`).
+    pub at: u64,
+    /// Output bytes the exec produced so far (the record's end offset).
+    pub end: u64,
+    /// The command's pid.
+    pub pid: u32,
+    /// Stdin bytes the helper took for this exec so far (written or queued), so that a
+    /// host that reconnects sends only what follows.
+    pub stdin_taken: u64,
+    /// Its stdin is a pipe that has not had `STDIN_EOF`.
+    pub stdin_open: bool,
+    /// It runs on a terminal.
+    pub tty: bool,
+    /// It was spawned detached.
+    pub detach: bool,
+}
+
+impl Attached {
+    /// Encodes the payload.
+    pub fn encode(&self, e: &mut Enc) {
+        e.u64(self.at)
+            .u64(self.end)
+            .u32(self.pid)
+            .u64(self.stdin_taken)
+            .u8(self.stdin_open as u8)
+            .u8(self.tty as u8)
+            .u8(self.detach as u8);
+    }
+
+    /// Decodes the payload.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Attached, DecodeError> {
+        Ok(Attached {
+            at: d.u64()?,
+            end: d.u64()?,
+            pid: d.u32()?,
+            stdin_taken: d.u64()?,
+            stdin_open: d.u8()? != 0,
+            tty: d.u8()? != 0,
+            detach: d.u8()? != 0,
+        })
+    }
+}
+
+/// One exec record, as `EXECS` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecInfo {
+    /// Its id.
+    pub id: u32,
+    /// The command's pid (0 while starting).
+    pub pid: u32,
+    /// The command (at most [`INFO_ARGS`] arguments of at most [`INFO_ARG_BYTES`] each).
+    pub argv: Vec<Vec<u8>>,
+    /// Spawned detached.
+    pub detach: bool,
+    /// A connection is attached to it.
+    pub attached: bool,
+    /// Once the command exited: `EXIT`'s kind ([`EXITED`] / [`SIGNALED`]) and value.
+    pub exit: Option<(u8, i32)>,
+    /// Output bytes produced so far (the record's end offset).
+    pub end: u64,
+    /// Offset of the oldest output byte the record still has.
+    pub kept_from: u64,
+    /// When it started, milliseconds since the epoch.
+    pub started_ms: u64,
+}
+
+impl ExecInfo {
+    /// Encodes one item.
+    pub fn encode(&self, e: &mut Enc) {
+        e.u32(self.id).u32(self.pid).list(&self.argv);
+        e.u8(self.detach as u8).u8(self.attached as u8);
+        match self.exit {
+            Some((kind, value)) => e.u8(1).u8(kind).u32(value as u32),
+            None => e.u8(0),
+        };
+        e.u64(self.end).u64(self.kept_from).u64(self.started_ms);
+    }
+
+    /// Decodes one item.
+    pub fn decode(d: &mut Dec<'_>) -> Result<ExecInfo, DecodeError> {
+        Ok(ExecInfo {
+            id: d.u32()?,
+            pid: d.u32()?,
+            argv: d.list()?,
+            detach: d.u8()? != 0,
+            attached: d.u8()? != 0,
+            exit: match d.u8()? {
+                0 => None,
+                _ => Some((d.u8()?, d.i32()?)),
+            },
+            end: d.u64()?,
+            kept_from: d.u64()?,
+            started_ms: d.u64()?,
         })
     }
 }
