@@ -80,6 +80,10 @@ capabilities! {
     stdin_streaming,
     /// `ExecSpec::tty`: a command on a pseudo-terminal, with resize and terminal signals.
     tty,
+    /// Execs that outlive their connection: `ExecSpec::detach`, `Run::execs`,
+    /// `Run::reattach` (output from any offset, from any process), `Run::kill_exec`, and
+    /// a stream that resumes by itself when the connection breaks (`ExecSpec::grace`).
+    durable_execs,
     /// `Driver::attach` to a run by id from another process.
     attach,
     /// The CA bundle is added to the image's system trust store (where it has one).
@@ -161,6 +165,9 @@ impl Capabilities {
         if spec.tty.is_some() && !self.tty {
             return unsupported("tty", "a terminal");
         }
+        if spec.detach && !self.durable_execs {
+            return unsupported("detach", "commands that outlive their connection");
+        }
         if matches!(spec.stdin, Stdin::Piped) && !self.stdin_streaming {
             return unsupported(
                 "stdin",
@@ -235,6 +242,7 @@ mod tests {
             .files(true)
             .stdin_streaming(true)
             .tty(true)
+            .durable_execs(true)
             .attach(true)
             .system_trust_store(true)
             .pool(true)

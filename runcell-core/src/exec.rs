@@ -240,6 +240,11 @@ pub enum OutputChunk {
     Stdout(Bytes),
     /// From stderr.
     Stderr(Bytes),
+    /// This many output bytes (stdout and stderr together) are missing here: the command
+    /// printed them while no stream was attached and the sandbox's buffer for it
+    /// ([`crate::ExecSpec::output_buffer`]) overflowed. Only a reattach, or a stream that
+    /// resumed after its connection broke, has one.
+    Lost(u64),
 }
 
 /// What a driver provides for one started exec, besides its output and stdin.
@@ -247,6 +252,10 @@ pub enum OutputChunk {
 pub(crate) trait ExecControl: Send + Sync + 'static {
     /// The exit status, called once the output stream has ended.
     async fn status(&self) -> Result<ExitStatus>;
+    /// A detached exec: dropping its stream or losing its connection never kills it.
+    fn detached(&self) -> bool {
+        false
+    }
     /// Kills every process of this exec (TERM, a short grace, then KILL).
     async fn kill(&self) -> Result<()>;
 }
@@ -280,6 +289,10 @@ pub struct ExecStream {
     started: Instant,
     /// A terminal exec's resize.
     resizer: Option<Resizer>,
+    /// Its id in the run, for a durable exec.
+    exec_id: Option<crate::ExecId>,
+    /// The output offset of the first chunk.
+    start_offset: u64,
     _cancel_on_drop: DropGuard,
 }
 
@@ -359,8 +372,33 @@ impl ExecStream {
             status: status_rx,
             started,
             resizer: None,
+            exec_id: None,
+            start_offset: 0,
             _cancel_on_drop: cancel.drop_guard(),
         }
+    }
+
+    /// Gives a durable exec its id and the offset its output starts at.
+    pub(crate) fn with_id(mut self, id: crate::ExecId, start_offset: u64) -> ExecStream {
+        self.exec_id = Some(id);
+        self.start_offset = start_offset;
+        self
+    }
+
+    /// The exec's id in its run, when it has a durable record there (through the exec
+    /// helper; capability `durable_execs`): pass it to [`crate::Run::reattach`],
+    /// [`crate::Run::kill_exec`] or [`crate::Run::execs`] from this or any process.
+    /// `None` on the plain path.
+    pub fn exec_id(&self) -> Option<crate::ExecId> {
+        self.exec_id
+    }
+
+    /// The output offset of this stream's first chunk: 0 for a new exec, where a
+    /// [`crate::Run::reattach`] started reading for a reattached one. Each chunk moves it
+    /// on by its length ([`OutputChunk::Lost`] by the bytes it stands for): a caller that
+    /// counts what it consumed knows where to reattach.
+    pub fn start_offset(&self) -> u64 {
+        self.start_offset
     }
 
     /// Gives a terminal exec its resize.
@@ -416,10 +454,12 @@ impl ExecStream {
         self.stdin = None;
         let mut stdout = Capture::new(limit);
         let mut stderr = Capture::new(limit);
+        let mut lost = 0u64;
         while let Some(chunk) = self.output.recv().await {
             match chunk {
                 OutputChunk::Stdout(b) => stdout.push(&b),
                 OutputChunk::Stderr(b) => stderr.push(&b),
+                OutputChunk::Lost(n) => lost = lost.saturating_add(n),
             }
         }
         let status = self.finish().await;
@@ -429,6 +469,7 @@ impl ExecStream {
             stderr: stderr.bytes,
             stdout_total: stdout.total,
             stderr_total: stderr.total,
+            lost_bytes: lost,
             duration: self.started.elapsed(),
         }
     }
@@ -455,6 +496,9 @@ pub struct ExecOutput {
     pub stdout_total: u64,
     /// Bytes the process wrote to stderr in all.
     pub stderr_total: u64,
+    /// Output bytes missing from `stdout` and `stderr` ([`OutputChunk::Lost`]): 0 unless
+    /// the output of a reattached or resumed exec overflowed the sandbox's buffer.
+    pub lost_bytes: u64,
     /// Wall time from start to status.
     pub duration: Duration,
 }
@@ -586,23 +630,36 @@ async fn pump(
             s = control.status() => {
                 let status = s.unwrap_or_else(|e| ExitStatus::TransportLost(e.to_string()));
                 if let ExitStatus::TransportLost(why) = status {
-                    // The process may still run: kill it where it is still reachable.
-                    lost(why, kill(&*control).await)
+                    if control.detached() {
+                        ExitStatus::TransportLost(why)
+                    } else {
+                        // The process may still run: kill it where it is still reachable.
+                        lost(why, kill(&*control).await)
+                    }
                 } else {
                     status
                 }
             }
             _ = sleep_until(deadline) => timed_out(kill(&*control).await),
             _ = cancel.cancelled() => {
-                let _ = kill(&*control).await;
+                if !control.detached() {
+                    let _ = kill(&*control).await;
+                }
                 return;
             }
         },
         End::Deadline => timed_out(kill(&*control).await),
+        End::Cancelled if control.detached() => {
+            tracing::debug!("the stream of a detached exec was dropped: it runs on");
+            return;
+        }
         End::Cancelled => {
             tracing::debug!("exec cancelled: killing its processes");
             let _ = kill(&*control).await;
             return;
+        }
+        End::Lost(why) if control.detached() => {
+            ExitStatus::TransportLost(format!("{why}; the detached command may still run"))
         }
         End::Lost(why) => lost(why, kill(&*control).await),
     };

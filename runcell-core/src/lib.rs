@@ -36,6 +36,7 @@ mod cleanup;
 pub mod envvar;
 mod error;
 mod exec;
+mod execs;
 pub mod files;
 mod guard;
 mod helper;
@@ -56,6 +57,7 @@ pub use exec::{
     DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecOutput, ExecStream, ExitStatus, KILL_BOUND, OutputChunk,
     StdinWriter,
 };
+pub use execs::{ExecId, ExecInfo, FROM_NOW};
 pub use files::{ByteStream, FileReader};
 pub use guard::{DriverExt, RunGuard, stop_guarded_runs, stop_runs_on_signal};
 pub use helper::{EXEC_HELPER_ENV, ExecHelper, ExecPath, HELPER_DIR};
@@ -69,8 +71,9 @@ pub use registry::{
 };
 pub use run::{Driver, PoolProtocol, Run, RunExt};
 pub use spec::{
-    DEFAULT_WORKSPACE_PATH, ExecSpec, MIN_DISK_BYTES, MIN_MEMORY_BYTES, Network, Proxy, PullPolicy,
-    Resources, RunSpec, Security, Stdin, TerminalSize, Workspace, could_be_id_prefix,
+    DEFAULT_GRACE, DEFAULT_OUTPUT_BUFFER, DEFAULT_WORKSPACE_PATH, ExecSpec, MAX_GRACE,
+    MAX_OUTPUT_BUFFER, MIN_DISK_BYTES, MIN_MEMORY_BYTES, MIN_OUTPUT_BUFFER, Network, Proxy,
+    PullPolicy, Resources, RunSpec, Security, Stdin, TerminalSize, Workspace, could_be_id_prefix,
     normalize_registry, qualified_name, registry_of,
 };
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
-use crate::exec::{DEFAULT_OUTPUT_LIMIT, ExecOutput, ExecStream};
+use crate::exec::{DEFAULT_OUTPUT_LIMIT, ExecOutput, ExecStream, ExitStatus};
 use crate::files::{self, ByteStream};
 use crate::progress::CreateOptions;
 use crate::raw::RunInfo;
@@ -100,6 +100,53 @@ pub trait Run: Send + Sync + fmt::Debug {
     /// at its root. A path that does not exist is [`ErrorKind::NotFound`].
     async fn get_archive(&self, path: &str) -> Result<ByteStream>;
 
+    /// Every exec of the run the sandbox keeps a record of (running, or ended and not
+    /// released yet), with its state. Capability `durable_execs`; without it
+    /// [`ErrorKind::Unsupported`].
+    async fn execs(&self) -> Result<Vec<crate::ExecInfo>> {
+        Err(Error::unsupported(
+            "execs",
+            "exec records (needs the exec helper)",
+        ))
+    }
+
+    /// Reads exec `id`'s output from offset `from` on (offsets count stdout and stderr
+    /// bytes together from 0; [`crate::FROM_NOW`]: only what comes next), then its exit
+    /// status, from this or any other process: every byte once and in order when `from`
+    /// is where the last reader stopped. Bytes the sandbox no longer has (its buffer
+    /// overflowed while nobody read) come first as one [`crate::OutputChunk::Lost`].
+    /// Another stream attached to the exec ends ([`crate::ExitStatus::TransportLost`]
+    /// saying it was taken over). Dropping the returned stream kills the exec unless it
+    /// was started with [`ExecSpec::detach`]. Unknown or released ids are
+    /// [`ErrorKind::NotFound`] naming `exec_id`.
+    async fn reattach(&self, id: crate::ExecId, from: u64) -> Result<ExecStream> {
+        let _ = (id, from);
+        Err(Error::unsupported(
+            "exec_id",
+            "reattaching to an exec (needs the exec helper)",
+        ))
+    }
+
+    /// Kills every process of exec `id` (as a timeout does). Its record stays, with its
+    /// status, until released. An exec that already ended is fine.
+    async fn kill_exec(&self, id: crate::ExecId) -> Result<()> {
+        let _ = id;
+        Err(Error::unsupported(
+            "exec_id",
+            "killing an exec by id (needs the exec helper)",
+        ))
+    }
+
+    /// Forgets exec `id`'s record (its kept output and status) once it has ended: a
+    /// detached command's record otherwise stays until the run stops.
+    async fn release_exec(&self, id: crate::ExecId) -> Result<()> {
+        let _ = id;
+        Err(Error::unsupported(
+            "exec_id",
+            "exec records (needs the exec helper)",
+        ))
+    }
+
     /// Removes the target and everything created for the run. Idempotent; no grace period.
     async fn stop(&self) -> Result<()>;
 
@@ -129,10 +176,17 @@ pub trait RunExt: Run {
         }
     }
 
+    /// Waits for exec `id` to end (from any process) and returns its status, reading
+    /// none of its output.
+    async fn wait_exec(&self, id: crate::ExecId) -> Result<ExitStatus> {
+        Ok(self.reattach(id, crate::FROM_NOW).await?.wait().await)
+    }
+
     /// Writes one file (its parent directory must exist) with `mode`, replacing a regular
     /// file of that name. `path` must be absolute and name a file; a path that is a
     /// directory in the run is [`ErrorKind::InvalidSpec`] naming `path`, and nothing is
     /// changed. For large files see [`RunExt::put_file_stream`].
+
     async fn put_file(&self, path: &str, contents: &[u8], mode: u32) -> Result<()> {
         let len = contents.len() as u64;
         self.put_file_stream(path, std::io::Cursor::new(contents.to_vec()), len, mode)

@@ -96,6 +96,8 @@ impl K8sDriver {
         let first = loop {
             match stream.next_chunk().await {
                 Some(OutputChunk::Stdout(b)) => break Some(b),
+                // A plain exec never loses output.
+                Some(OutputChunk::Lost(_)) => {}
                 Some(OutputChunk::Stderr(b)) => {
                     if stderr.len() < TAR_MESSAGES_LIMIT {
                         stderr.extend_from_slice(&b);
@@ -107,6 +109,7 @@ impl K8sDriver {
         let Some(first) = first else {
             let status = stream.wait().await;
             let out = ExecOutput {
+                lost_bytes: 0,
                 status,
                 stdout: Vec::new(),
                 stderr,
@@ -124,6 +127,7 @@ impl K8sDriver {
             loop {
                 match stream.next_chunk().await {
                     Some(OutputChunk::Stdout(b)) => return Some((Ok(b), Some((stream, stderr)))),
+                    Some(OutputChunk::Lost(_)) => {}
                     Some(OutputChunk::Stderr(b)) => {
                         if stderr.len() < TAR_MESSAGES_LIMIT {
                             stderr.extend_from_slice(&b);

@@ -572,6 +572,7 @@ async fn read_until(
                 String::from_utf8_lossy(stdout),
                 String::from_utf8_lossy(stderr)
             ),
+            Ok(Some(OutputChunk::Lost(n))) => bail!("{n} output bytes lost"),
             Ok(Some(OutputChunk::Stdout(b))) => stdout.extend_from_slice(&b),
             Ok(Some(OutputChunk::Stderr(b))) => stderr.extend_from_slice(&b),
         }
@@ -629,6 +630,7 @@ pub async fn stdin_streaming_is_honoured_or_unsupported(cx: &Context) -> anyhow:
         match chunk {
             OutputChunk::Stdout(b) => stdout.extend_from_slice(&b),
             OutputChunk::Stderr(b) => stderr.extend_from_slice(&b),
+            OutputChunk::Lost(n) => bail!("{n} output bytes lost"),
         }
     }
     let status = tokio::time::timeout(within, stream.wait())

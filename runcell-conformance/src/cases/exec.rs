@@ -117,6 +117,7 @@ pub async fn stdin_round_trips_with_eof(cx: &Context) -> anyhow::Result<()> {
         match chunk {
             OutputChunk::Stdout(b) => stdout.extend_from_slice(&b),
             OutputChunk::Stderr(b) => stderr.extend_from_slice(&b),
+            OutputChunk::Lost(n) => anyhow::bail!("{n} output bytes lost"),
         }
     }
     let status = stream.wait().await;

@@ -6,6 +6,7 @@ use crate::{Case, Context};
 
 mod capabilities;
 mod devcontainer;
+mod durable;
 mod env;
 mod exec;
 mod files;
@@ -25,6 +26,7 @@ mod workspace;
 
 pub use capabilities::*;
 pub use devcontainer::*;
+pub use durable::*;
 pub use env::*;
 pub use exec::*;
 pub use files::*;
@@ -140,6 +142,11 @@ pub static CASES: &[Case] = &[
     case!(cpu_limit_is_honoured_or_unsupported),
     case!(pids_limit_is_honoured_or_unsupported),
     case!(disk_limit_is_enforced_or_unsupported),
+    case!(a_detached_exec_outlives_its_stream_and_is_read_from_another_process),
+    case!(a_stream_resumes_when_its_connection_breaks),
+    case!(a_command_without_grace_dies_with_its_connection),
+    case!(output_lost_while_detached_is_reported_exactly),
+    case!(stop_ends_detached_commands),
     case!(a_terminal_exec_sees_its_terminal_and_resizes),
     case!(
         ctrl_c_interrupts_a_terminal_exec_and_timeouts_still_kill,

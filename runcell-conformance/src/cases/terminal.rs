@@ -25,6 +25,7 @@ async fn read_until(stream: &mut ExecStream, seen: &mut String, want: &str) -> a
                         String::from_utf8_lossy(&b)
                     )
                 }
+                Some(OutputChunk::Lost(n)) => bail!("{n} output bytes lost"),
                 None => bail!("the output ended before {want:?}; it was {seen:?}"),
             }
         }

@@ -21,6 +21,7 @@ use crate::spec::Stdin;
 
 pub use crate::spec::{EXEC_HELPER_ENV, ExecHelper};
 
+pub(crate) mod durable;
 pub(crate) mod files;
 #[path = "../../helper/proto.rs"]
 #[allow(dead_code)]
@@ -153,21 +154,28 @@ pub(crate) async fn start<B: Backend>(backend: &B, id: &str) -> Result<Arc<Sessi
 /// How long [`wake`] may take.
 const WAKE_BOUND: Duration = Duration::from_secs(5);
 
-/// Continues the helper process `pid` of a session that was given up on (`SIGCONT`
-/// through one engine exec, bounded, its output discarded): a helper that was stopped
-/// then reads its closed stream, kills what it started and exits, instead of staying
-/// behind stopped. Harmless for a helper that runs, is gone, or never was one.
-pub(crate) async fn wake<B: Backend>(backend: &B, id: &str, pid: u32) {
-    if pid <= 1 {
+/// Continues the helper's processes `pids` (the daemon and the relay of a session that
+/// was given up on: `SIGCONT` through one engine exec, bounded, its output discarded): a
+/// relay that was stopped then reads its closed stream and exits, and a stopped daemon
+/// applies the grace rules to what that connection started, instead of staying behind
+/// stopped. Harmless for a process that runs, is gone, or never was one.
+pub(crate) async fn wake<B: Backend>(backend: &B, id: &str, pids: &[u32]) {
+    let pids: Vec<String> = pids
+        .iter()
+        .filter(|p| **p > 1)
+        .map(u32::to_string)
+        .collect();
+    if pids.is_empty() {
         return;
     }
-    let exec = RawExec::new([
-        "sh",
-        "-c",
-        "kill -CONT \"$1\" 2>/dev/null; exit 0",
-        "runcell-wake",
-        &pid.to_string(),
-    ]);
+    let mut argv = vec![
+        "sh".to_string(),
+        "-c".into(),
+        "kill -CONT \"$@\" 2>/dev/null; exit 0".into(),
+        "runcell-wake".into(),
+    ];
+    argv.extend(pids);
+    let exec = RawExec::new(argv);
     let wake = async {
         let mut process = backend.exec_raw(id, exec).await?;
         drop(process.stdin.take());

@@ -36,7 +36,7 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::proto::{self, Dec, Enc, Entry, FileError, Hello, Spawn, SpawnError};
+use super::proto::{self, Attached, Dec, Enc, Entry, FileError, Hello, Spawn, SpawnError};
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{ExitStatus, OutputChunk};
 use crate::raw::{RawExec, RawProcess, RawStatus};
@@ -64,6 +64,9 @@ const GREETING_STDERR: usize = 4096;
 const LOGGED_STDERR: usize = 64 * 1024;
 /// The longest text taken from the peer into an error or event.
 const PEER_TEXT: usize = 4096;
+/// The field of the error of a spawn whose id the run's daemon holds already (the spawn
+/// is tried again with another id).
+const ID_IN_USE: &str = "exec_id";
 /// Items one id's queue holds before further output is merged into queued chunks.
 pub(crate) const MAX_QUEUED: usize = 1024;
 
@@ -91,6 +94,14 @@ pub(crate) enum Event {
     Entry(Entry, usize),
     Done,
     FileFailed(FileError, String, String),
+    /// The answer to an `ATTACH`.
+    Attached(Attached),
+    /// No record of the id (the answer to an `ATTACH`).
+    Gone,
+    /// Another connection attached to the exec.
+    Detached,
+    /// The answer to a `LIST`.
+    Execs(Vec<proto::ExecInfo>),
     /// The connection broke.
     Lost(String),
 }
@@ -125,7 +136,7 @@ impl Mailbox {
         if inbox.closed {
             return;
         }
-        if let Event::Out(chunk) = &event
+        if let Event::Out(chunk @ (OutputChunk::Stdout(_) | OutputChunk::Stderr(_))) = &event
             && inbox.items.len() >= MAX_QUEUED
         {
             // A long queue: the bytes go into the newest queued chunk of the same stream
@@ -134,6 +145,7 @@ impl Mailbox {
             let (stderr, bytes) = match chunk {
                 OutputChunk::Stdout(b) => (false, b),
                 OutputChunk::Stderr(b) => (true, b),
+                OutputChunk::Lost(_) => return,
             };
             let same = inbox.items.iter_mut().rev().find(|item| match item {
                 Item::Event(Event::Out(OutputChunk::Stdout(_))) => !stderr,
@@ -206,7 +218,8 @@ struct Slot {
     /// Output bytes the helper may still send: a helper that sends more is cut off, so
     /// what the sandbox sends can never grow the host's memory past the credits.
     credit: Arc<AtomicI64>,
-    /// A spawn whose `STARTED` has not come: the only state in which one may come.
+    /// A spawn whose `STARTED` (or an attach whose `ATTACHED`) has not come: the only
+    /// state in which one may come.
     awaiting_start: bool,
 }
 
@@ -223,18 +236,21 @@ impl Drop for Slot {
 /// output, and, when dropped before the id's last event, a `DISCARD` (and a `KILL`
 /// while a spawn is unanswered) so that the helper never waits on a reader that is gone.
 pub(crate) struct Receiver {
-    id: u32,
+    pub(super) id: u32,
     mailbox: Arc<Mailbox>,
     frames: mpsc::UnboundedSender<Vec<u8>>,
     credit: Arc<AtomicI64>,
-    done: bool,
-    kill_on_drop: bool,
+    pub(super) done: bool,
+    pub(super) kill_on_drop: bool,
+    /// Sent instead of `DISCARD` when dropped early (a detached exec's reader only
+    /// lets go of it: `DISCARD` of a detached exec unattaches it).
+    pub(super) on_drop: u8,
 }
 
 impl Receiver {
     fn track(&mut self, event: Option<Event>) -> Option<Event> {
         match &event {
-            Some(Event::Out(_) | Event::Entry(..) | Event::Started) => {}
+            Some(Event::Out(_) | Event::Entry(..) | Event::Started | Event::Attached(_)) => {}
             _ => self.done = true,
         }
         event
@@ -259,37 +275,60 @@ impl Receiver {
     }
 
     /// The exec's output, returning each chunk's bytes as credit once the pump took it.
-    fn into_output(
+    /// With `resume`, a broken connection is not the end: the exec is attached again
+    /// through a new connection from the offset reached (see [`super::durable::Resume`]).
+    pub(crate) fn into_output(
         self,
         status: Arc<Mutex<Option<ExitStatus>>>,
+        resume: Option<super::durable::Resume>,
     ) -> BoxStream<'static, io::Result<OutputChunk>> {
-        futures::stream::unfold(Some(self), move |events| {
+        futures::stream::unfold(Some((self, resume)), move |state| {
             let status = status.clone();
             async move {
-                let mut events = events?;
+                let (mut events, mut resume) = state?;
                 loop {
-                    match events.next().await {
+                    let why = match events.next().await {
                         Some(Event::Out(chunk)) => {
                             let n = match &chunk {
                                 OutputChunk::Stdout(b) | OutputChunk::Stderr(b) => b.len(),
+                                OutputChunk::Lost(_) => 0,
                             };
                             events.give_credit(n);
-                            return Some((Ok(chunk), Some(events)));
+                            if let Some(r) = &mut resume {
+                                r.offset += n as u64;
+                            }
+                            return Some((Ok(chunk), Some((events, resume))));
                         }
                         Some(Event::Exit(s)) => {
                             *lock(&status) = Some(s);
                             return None;
                         }
-                        Some(Event::Lost(why)) => {
-                            return Some((Err(io::Error::other(why)), None));
-                        }
-                        None => {
+                        Some(Event::Detached) => {
                             return Some((
-                                Err(io::Error::other("the helper connection closed")),
+                                Err(io::Error::other(
+                                    "another stream attached to this exec and reads it now",
+                                )),
                                 None,
                             ));
                         }
+                        Some(Event::Lost(why)) => why,
+                        None => "the helper connection closed".to_string(),
                         Some(_) => continue,
+                    };
+                    let Some(r) = &mut resume else {
+                        return Some((Err(io::Error::other(why)), None));
+                    };
+                    match r.resume(&why).await {
+                        Ok((next, lost)) => {
+                            // The old receiver's connection is gone: nothing to tell it.
+                            events.done = true;
+                            events = next;
+                            if lost > 0 {
+                                r.offset = r.offset.saturating_add(lost);
+                                return Some((Ok(OutputChunk::Lost(lost)), Some((events, resume))));
+                            }
+                        }
+                        Err(e) => return Some((Err(io::Error::other(e)), None)),
                     }
                 }
             }
@@ -316,9 +355,7 @@ impl Drop for Receiver {
         if self.kill_on_drop {
             let _ = self.frames.send(Enc::frame(proto::KILL, self.id).finish());
         }
-        let _ = self
-            .frames
-            .send(Enc::frame(proto::DISCARD, self.id).finish());
+        let _ = self.frames.send(Enc::frame(self.on_drop, self.id).finish());
     }
 }
 
@@ -418,6 +455,7 @@ impl Session {
                 }
                 match process.output.next().await {
                     Some(Ok(OutputChunk::Stdout(b))) => buf.extend_from_slice(&b),
+                    Some(Ok(OutputChunk::Lost(_))) => {}
                     Some(Ok(OutputChunk::Stderr(b))) => {
                         stderr_total = stderr_total.saturating_add(b.len() as u64);
                         let room = GREETING_STDERR.saturating_sub(stderr.len());
@@ -505,6 +543,7 @@ impl Session {
                         }
                         match output.next().await {
                             Some(Ok(OutputChunk::Stdout(b))) => buf.extend_from_slice(&b),
+                            Some(Ok(OutputChunk::Lost(_))) => {}
                             Some(Ok(OutputChunk::Stderr(b))) => {
                                 let room = LOGGED_STDERR.saturating_sub(logged);
                                 if room > 0 {
@@ -584,7 +623,9 @@ impl Session {
             frames,
             table,
             hello,
-            next_id: AtomicU32::new(1),
+            // Exec ids are the run's daemon's: a random start keeps this process's ids
+            // apart from another's (a clash is refused and another id taken).
+            next_id: AtomicU32::new(rand::random::<u32>() >> 1 | 1),
             stop: stop.clone(),
             _stop: stop.drop_guard(),
         })
@@ -604,6 +645,17 @@ impl Session {
 
     /// Opens an id: its receiver, and a stdin window when asked.
     fn open_id(&self, window: bool, spawn: bool) -> Result<(Receiver, Option<Arc<Semaphore>>)> {
+        self.open_id_at(None, window, spawn)
+    }
+
+    /// [`Session::open_id`] with the id given (an exec to attach to); an id open here
+    /// already is refused.
+    pub(super) fn open_id_at(
+        &self,
+        given: Option<u32>,
+        window: bool,
+        spawn: bool,
+    ) -> Result<(Receiver, Option<Arc<Semaphore>>)> {
         let mailbox = Arc::new(Mailbox::default());
         let stdin = window.then(|| Arc::new(Semaphore::new(proto::STDIN_WINDOW as usize)));
         let credit = Arc::new(AtomicI64::new(i64::from(proto::INITIAL_CREDIT)));
@@ -613,11 +665,20 @@ impl Session {
         }
         // After 2^32 operations the counter wraps: never 0 (the connection's) nor an id
         // still in use.
-        let id = loop {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            if id != 0 && !table.slots.contains_key(&id) {
-                break id;
+        let id = match given {
+            Some(id) if id == 0 || table.slots.contains_key(&id) => {
+                return Err(Error::invalid_spec(
+                    "exec_id",
+                    format!("exec {id} is read by another stream of this process already"),
+                ));
             }
+            Some(id) => id,
+            None => loop {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                if id != 0 && !table.slots.contains_key(&id) {
+                    break id;
+                }
+            },
         };
         table.slots.insert(
             id,
@@ -635,6 +696,7 @@ impl Session {
             credit,
             done: false,
             kill_on_drop: false,
+            on_drop: proto::DISCARD,
         };
         Ok((receiver, stdin))
     }
@@ -647,12 +709,73 @@ impl Session {
     /// deadline the pump times it out, else it ends as lost; either way the pump kills by
     /// the exec marker. So does a connection that breaks before the answer: the helper may
     /// have started the command (`TransportLost`, never an error).
+    ///
+    /// An id the run's daemon holds already (another process's exec) is refused by the
+    /// helper; another id is tried then. `resume` (a durable session only) lets the
+    /// output resume through a new connection when this one breaks.
     pub(crate) async fn spawn(
         self: &Arc<Self>,
         raw: &RawExec,
-        tty: Option<(u16, u16)>,
+        opts: &super::durable::SpawnOpts,
         deadline: Option<Instant>,
-    ) -> Result<(u32, RawProcess)> {
+        resume: Option<super::durable::Reconnect>,
+    ) -> Result<(u32, RawProcess, Arc<super::durable::ExecLink>)> {
+        let mut tries = 0;
+        loop {
+            match self.spawn_once(raw, opts, deadline, resume.clone()).await {
+                Err(e) if e.field() == Some(ID_IN_USE) && tries < 16 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn spawn_once(
+        self: &Arc<Self>,
+        raw: &RawExec,
+        opts: &super::durable::SpawnOpts,
+        deadline: Option<Instant>,
+        resume: Option<super::durable::Reconnect>,
+    ) -> Result<(u32, RawProcess, Arc<super::durable::ExecLink>)> {
+        let (id, process, resume) = self.spawn_raw(raw, opts, deadline, resume).await?;
+        let link = super::durable::ExecLink::new(id, self.clone());
+        let process = match resume {
+            Some((events, status, reconnect)) => RawProcess {
+                output: events.into_output(
+                    status,
+                    Some(super::durable::Resume::new(
+                        link.clone(),
+                        reconnect,
+                        opts,
+                        process.stdin.is_some(),
+                    )),
+                ),
+                ..process
+            },
+            None => process,
+        };
+        Ok((id, process, link))
+    }
+
+    /// [`Session::spawn_once`] up to its output: for a started exec whose output may
+    /// resume, its receiver, status and reconnect are returned for the caller to build
+    /// the output with its link.
+    #[allow(clippy::type_complexity)]
+    async fn spawn_raw(
+        self: &Arc<Self>,
+        raw: &RawExec,
+        opts: &super::durable::SpawnOpts,
+        deadline: Option<Instant>,
+        resume: Option<super::durable::Reconnect>,
+    ) -> Result<(
+        u32,
+        RawProcess,
+        Option<(
+            Receiver,
+            Arc<Mutex<Option<ExitStatus>>>,
+            super::durable::Reconnect,
+        )>,
+    )> {
+        let tty = opts.tty;
         let piped = !matches!(raw.stdin, Stdin::Null);
         let spawn = Spawn {
             argv: raw.argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
@@ -665,6 +788,9 @@ impl Session {
             user: raw.user.as_ref().map(|u| u.as_bytes().to_vec()),
             stdin_piped: piped,
             tty,
+            detach: opts.detach,
+            keep: opts.keep,
+            grace_ms: opts.grace_ms,
         };
         let (mut events, window) = self.open_id(piped, true)?;
         let id = events.id;
@@ -718,39 +844,54 @@ impl Session {
                         stdin: None,
                         status: Box::new(HelperStatus(status)),
                     },
+                    None,
                 ));
             }
             Answer::Silent => {
                 let why = format!("the helper did not answer a spawn within {ANSWER_TIMEOUT:?}");
                 tracing::warn!("{why}; its connection is dropped");
                 self.retire(&why);
-                return Ok(may_have_run(id, why));
+                let (id, process) = may_have_run(id, why);
+                return Ok((id, process, None));
             }
+        };
+        let may_have_run = |id, why| {
+            let (id, process) = may_have_run(id, why);
+            Ok((id, process, None))
         };
         events.kill_on_drop = false;
         match event {
             Some(Event::Started) => {}
             Some(Event::SpawnFailed(kind, message)) => {
-                return spawn_failed(id, &raw.argv[0], kind, message);
+                let (id, process) = spawn_failed(id, &raw.argv[0], kind, message)?;
+                return Ok((id, process, None));
             }
-            Some(Event::Lost(why)) => return Ok(may_have_run(id, why)),
-            None => return Ok(may_have_run(id, "the helper connection closed".into())),
+            Some(Event::Lost(why)) => return may_have_run(id, why),
+            None => return may_have_run(id, "the helper connection closed".into()),
             Some(other) => {
                 let why = format!("the helper answered a spawn with {other:?}");
                 self.retire(&why);
-                return Ok(may_have_run(id, why));
+                return may_have_run(id, why);
             }
         }
         let stdin = window.map(|window| self.stdin_sink(id, window));
-        let output = events.into_output(status.clone());
-        Ok((
-            id,
-            RawProcess {
-                output,
-                stdin,
-                status: Box::new(HelperStatus(status)),
-            },
-        ))
+        let resume = resume.filter(|_| self.hello.durable && (opts.detach || opts.grace_ms > 0));
+        let process = RawProcess {
+            output: futures::stream::empty().boxed(),
+            stdin,
+            status: Box::new(HelperStatus(status.clone())),
+        };
+        match resume {
+            Some(reconnect) => Ok((id, process, Some((events, status, reconnect)))),
+            None => Ok((
+                id,
+                RawProcess {
+                    output: events.into_output(status, None),
+                    ..process
+                },
+                None,
+            )),
+        }
     }
 
     /// A stdin sink: bytes written to it go out as `STDIN` frames within the window;
@@ -850,6 +991,12 @@ fn spawn_failed(
     kind: SpawnError,
     message: String,
 ) -> Result<(u32, RawProcess)> {
+    if kind == SpawnError::IdInUse {
+        return Err(Error::invalid_spec(
+            ID_IN_USE,
+            format!("the run's helper holds exec {id} already: {message}"),
+        ));
+    }
     let (status, stderr) = match kind {
         SpawnError::NotFound => (ExitStatus::Exited(127), format!("{program}: {message}\n")),
         SpawnError::NotExecutable => (ExitStatus::Exited(126), format!("{program}: {message}\n")),
@@ -874,7 +1021,7 @@ fn spawn_failed(
             )
             .temporary());
         }
-        SpawnError::Other => {
+        SpawnError::Other | SpawnError::IdInUse => {
             return Err(Error::new(
                 ErrorKind::Backend,
                 format!("the exec helper could not start the command: {message}"),
@@ -896,7 +1043,8 @@ fn spawn_failed(
     ))
 }
 
-struct HelperStatus(Arc<Mutex<Option<ExitStatus>>>);
+/// An exec's status, once its `EXIT` came (shared with its output stream).
+pub(crate) struct HelperStatus(pub(crate) Arc<Mutex<Option<ExitStatus>>>);
 
 #[async_trait]
 impl RawStatus for HelperStatus {
@@ -968,18 +1116,43 @@ fn dispatch(
         proto::EXIT => {
             let k = d.u8().map_err(|_| bad())?;
             let v = d.i32().map_err(|_| bad())?;
-            let status = if k == proto::SIGNALED {
-                ExitStatus::Signaled(v)
-            } else {
-                ExitStatus::Exited(v)
-            };
-            (Event::Exit(status), true)
+            (Event::Exit(crate::execs::exit_status(k, v)), true)
         }
         proto::ENTRY => (
             Event::Entry(Entry::decode(&mut d).map_err(|_| bad())?, payload.len()),
             false,
         ),
         proto::DONE => (Event::Done, true),
+        proto::ATTACHED => {
+            match table.slots.get_mut(&id) {
+                Some(slot) if slot.awaiting_start => slot.awaiting_start = false,
+                Some(_) => {
+                    return Err(format!(
+                        "the helper sent ATTACHED twice or unasked (id {id})"
+                    ));
+                }
+                None => return Ok(()),
+            }
+            (
+                Event::Attached(Attached::decode(&mut d).map_err(|_| bad())?),
+                false,
+            )
+        }
+        proto::GONE => (Event::Gone, true),
+        proto::DETACHED => (Event::Detached, true),
+        proto::EXECS => {
+            let n = d.u32().map_err(|_| bad())? as usize;
+            if n > proto::MAX_RECORDS {
+                return Err(format!(
+                    "the helper listed {n} execs, more than it may hold"
+                ));
+            }
+            let mut list = Vec::with_capacity(n);
+            for _ in 0..n {
+                list.push(proto::ExecInfo::decode(&mut d).map_err(|_| bad())?);
+            }
+            (Event::Execs(list), true)
+        }
         proto::FILE_ERROR => {
             let k = FileError::from_u8(d.u8().map_err(|_| bad())?);
             let path = peer_text(d.bytes().map_err(|_| bad())?);

@@ -10,7 +10,8 @@ use futures::StreamExt;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{EXEC_ID_ENV, ExecControl, ExitStatus, KILL_SCRIPT};
-use crate::helper::{self, Session};
+use crate::helper;
+use crate::helper::durable::ExecLink;
 use crate::raw::{Backend, RawExec, RawStatus};
 use crate::spec::Stdin;
 
@@ -21,8 +22,11 @@ const KILL_EXEC_BOUND: Duration = Duration::from_secs(8);
 /// broke, or it was killed), the kill falls back to the plain path's [`KILL_SCRIPT`] by
 /// the exec marker, so a dead helper leaves no process behind.
 pub(super) struct HelperControl<B: Backend> {
-    pub(super) session: Arc<Session>,
-    pub(super) hid: u32,
+    /// The session the exec is reached through (it changes when its output resumed
+    /// through a new connection).
+    pub(super) link: Arc<ExecLink>,
+    /// Started detached: neither a dropped stream nor a broken connection kills it.
+    pub(super) detached: bool,
     /// The status (from the helper) and the plain kill.
     pub(super) fallback: Control<B>,
 }
@@ -38,24 +42,59 @@ impl<B: Backend> ExecControl for HelperControl<B> {
     /// not confirm it in time is retired (the next exec starts a new one). Without a
     /// helper's kill, the engine kills by the exec marker, and continues the old helper
     /// in case it was stopped (it then sees its closed stream and ends what it started).
+    fn detached(&self) -> bool {
+        self.detached
+    }
+
     async fn kill(&self) -> Result<()> {
-        match tokio::time::timeout(helper::KILL_ANSWER_TIMEOUT, self.session.kill(self.hid)).await {
+        let session = self.link.session();
+        match tokio::time::timeout(helper::KILL_ANSWER_TIMEOUT, session.kill(self.link.id)).await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => {
                 tracing::debug!(run = %self.fallback.id, "the helper cannot kill ({e}); killing by the exec marker");
             }
             Err(_) => {
                 tracing::warn!(run = %self.fallback.id, "the exec helper did not confirm a kill; replacing it, killing by the exec marker");
-                self.session
-                    .retire("the helper did not confirm a kill in time");
+                session.retire("the helper did not confirm a kill in time");
             }
         }
-        let wake = helper::wake(
-            &self.fallback.backend,
-            &self.fallback.id,
-            self.session.hello.pid,
-        );
+        let pids = [session.hello.pid, session.hello.relay];
+        let wake = helper::wake(&self.fallback.backend, &self.fallback.id, &pids);
         tokio::join!(self.fallback.kill(), wake).0
+    }
+}
+
+/// Status and kill of a reattached exec: through the helper only (this process does not
+/// know the exec's marker, so there is no kill through the engine to fall back on; a
+/// kill the helper does not confirm is an error, never taken for done).
+pub(super) struct ReattachControl {
+    pub(super) link: Arc<ExecLink>,
+    pub(super) detached: bool,
+    pub(super) status: Box<dyn RawStatus>,
+}
+
+#[async_trait]
+impl ExecControl for ReattachControl {
+    async fn status(&self) -> Result<ExitStatus> {
+        self.status.status().await
+    }
+
+    fn detached(&self) -> bool {
+        self.detached
+    }
+
+    async fn kill(&self) -> Result<()> {
+        let session = self.link.session();
+        match tokio::time::timeout(helper::KILL_ANSWER_TIMEOUT, session.kill(self.link.id)).await {
+            Ok(r) => r,
+            Err(_) => {
+                session.retire("the helper did not confirm a kill in time");
+                Err(Error::new(
+                    ErrorKind::Backend,
+                    "the exec helper did not confirm the kill in time",
+                ))
+            }
+        }
     }
 }
 

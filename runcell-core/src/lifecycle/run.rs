@@ -10,18 +10,26 @@ use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
+use crate::exec::OutputChunk;
 use crate::exec::{EXEC_ID_ENV, ExecStream};
+use crate::execs::{ExecId, ExecInfo, FROM_NOW};
 use crate::files::{self, ByteStream};
+use crate::helper::durable::{ExecLink, Reconnect, Resume, SpawnOpts};
 use crate::helper::{self, ExecHelper, ExecPath, Session};
 use crate::raw::{Backend, Plan, RawExec};
 use crate::run::Run;
 use crate::spec::ExecSpec;
 
-use super::control::{Control, HelperControl, TARGET_CHECK_BOUND};
+use futures::StreamExt;
+
+use super::control::{Control, HelperControl, ReattachControl, TARGET_CHECK_BOUND};
 
 /// `caps` with what the exec helper does on any backend.
 pub(super) fn with_helper(caps: Capabilities) -> Capabilities {
-    caps.exec_user(true).stdin_streaming(true).tty(true)
+    caps.exec_user(true)
+        .stdin_streaming(true)
+        .tty(true)
+        .durable_execs(true)
 }
 
 /// Where a run's helper stands.
@@ -40,7 +48,8 @@ pub(crate) struct CoreRun<B: Backend> {
     pub(super) backend: B,
     pub(super) id: String,
     pub(super) mode: ExecHelper,
-    pub(super) helper: tokio::sync::Mutex<HelperState>,
+    /// Shared with the exec streams that may resume through a new connection.
+    pub(super) helper: Arc<tokio::sync::Mutex<HelperState>>,
     /// What a pooled run adds to every exec, since its target was created without it:
     /// known at create and claim, read from the target ([`OVERLAY_FILE`]) by an attached
     /// run's first exec. What is read back only shapes execs inside the target (env,
@@ -87,7 +96,7 @@ impl<B: Backend> CoreRun<B> {
             backend,
             id: id.to_string(),
             mode,
-            helper: tokio::sync::Mutex::new(state),
+            helper: Arc::new(tokio::sync::Mutex::new(state)),
             overlay: tokio::sync::OnceCell::new_with(Some(None)),
         }
     }
@@ -156,7 +165,7 @@ impl<B: Backend> CoreRun<B> {
             .map(|dir| (dir, spec.workspace.path.clone()));
         let mut run = CoreRun::new(backend, &plan.id, mode);
         if let (Some(session), false) = (session, mode == ExecHelper::Off) {
-            run.helper = tokio::sync::Mutex::new(HelperState::Ready(session));
+            run.helper = Arc::new(tokio::sync::Mutex::new(HelperState::Ready(session)));
         }
         run.overlay = tokio::sync::OnceCell::new_with(Some(Some(Overlay {
             env: plan.env.clone(),
@@ -177,50 +186,59 @@ impl<B: Backend> CoreRun<B> {
     /// The live helper session, starting one when there is none (first exec of an
     /// attached run, or after its stream broke); `None`: plain execs.
     async fn session(&self) -> Result<Option<Arc<Session>>> {
-        let mut state = self.helper.lock().await;
-        match &*state {
-            HelperState::Plain => return Ok(None),
-            HelperState::Ready(s) if s.dead().is_none() => return Ok(Some(s.clone())),
-            HelperState::Ready(s) => {
-                tracing::info!(run = %self.id, "the exec helper's stream broke ({}); starting a new one", s.dead().unwrap_or_default());
-            }
-            HelperState::Untried => {}
+        live_session(&self.backend, &self.id, self.mode, &self.helper).await
+    }
+
+    /// How an exec's output reconnects when its connection broke: the run's live session,
+    /// or a new one (one for every exec that resumes at the same time).
+    fn reconnect(&self) -> Reconnect {
+        let (backend, id, mode, state) = (
+            self.backend.clone(),
+            self.id.clone(),
+            self.mode,
+            self.helper.clone(),
+        );
+        Arc::new(move || {
+            let (backend, id, state) = (backend.clone(), id.clone(), state.clone());
+            Box::pin(async move {
+                live_session(&backend, &id, mode, &state)
+                    .await?
+                    .ok_or_else(|| {
+                        Error::new(ErrorKind::Unavailable, "the run's exec helper cannot start")
+                    })
+            })
+        })
+    }
+
+    /// [`ErrorKind::NotFound`] naming `exec_id` unless the helper has a record of `id`.
+    async fn known_exec(&self, session: &Session, id: ExecId) -> Result<()> {
+        let list = session.list().await.map_err(|e| e.with("run", &self.id))?;
+        if list.iter().any(|e| e.id == id.get()) {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::NotFound,
+                format!("the run has no exec {id} (never started here, or released)"),
+            )
+            .with_field("exec_id")
+            .with("run", &self.id))
         }
-        let started = match helper::start(&self.backend, &self.id).await {
-            // Every step of a start fails on a target that is gone (an upload's 404, an
-            // exec that cannot begin): that is the run lost, not a helper problem.
-            Err(e) if e.kind() != ErrorKind::RunLost => {
-                match tokio::time::timeout(TARGET_CHECK_BOUND, self.backend.attach_target(&self.id))
-                    .await
-                {
-                    Ok(Err(gone))
-                        if matches!(gone.kind(), ErrorKind::RunLost | ErrorKind::NotFound) =>
-                    {
-                        Err(Error::new(
-                            ErrorKind::RunLost,
-                            format!("the run's target is gone: {gone}"),
-                        )
-                        .with_source(e))
-                    }
-                    _ => Err(e),
-                }
-            }
-            other => other,
-        };
-        match started {
-            Ok(s) => {
-                *state = HelperState::Ready(s.clone());
-                Ok(Some(s))
-            }
-            Err(e) if self.mode == ExecHelper::Required || e.kind() == ErrorKind::RunLost => {
-                *state = HelperState::Untried;
-                Err(e.with("run", &self.id))
-            }
-            Err(e) => {
-                helper::log_fallback(&self.id, &e);
-                *state = HelperState::Plain;
-                Ok(None)
-            }
+    }
+
+    /// The session for a durable-exec operation (`execs`, `reattach`, ...): the helper's,
+    /// or [`ErrorKind::Unsupported`] naming `field` on the plain path.
+    async fn durable_session(&self, field: &str) -> Result<Arc<Session>> {
+        match self.session().await? {
+            Some(s) if s.hello.durable => Ok(s),
+            Some(_) => Err(Error::unsupported(
+                field,
+                "exec records: this run's helper cannot keep a daemon (no writable, private \
+                 directory beside it)",
+            )),
+            None => Err(Error::unsupported(
+                field,
+                "exec records on the plain exec path (they need the exec helper)",
+            )),
         }
     }
 
@@ -296,31 +314,50 @@ impl<B: Backend> Run for CoreRun<B> {
             env: spec.env.clone(),
             status,
         };
+        if spec.detach && session.is_none() {
+            return Err(Error::unsupported(
+                "detach",
+                "a detached command on the plain exec path (it needs the exec helper)",
+            ));
+        }
         if let Some(session) = session {
-            let tty = spec.tty.map(|t| (t.rows, t.cols));
-            let (hid, process) = session
-                .spawn(&raw, tty, deadline)
+            if spec.detach && !session.hello.durable {
+                return Err(Error::unsupported(
+                    "detach",
+                    "a detached command in this run: its exec helper cannot keep a daemon \
+                     (no writable, private directory beside it)",
+                ));
+            }
+            let opts = SpawnOpts::of(&spec);
+            let tty = opts.tty;
+            let (hid, process, link) = session
+                .spawn(&raw, &opts, deadline, Some(self.reconnect()))
                 .await
                 .map_err(|e| e.with("run", &self.id))?;
+            let durable = session.hello.durable;
             let mut left = spec.clone();
             left.timeout =
                 deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             let resizer = tty.is_some().then(|| {
-                let session = session.clone();
-                Box::new(move |rows, cols| session.resize(hid, rows, cols)) as crate::exec::Resizer
+                let link = link.clone();
+                Box::new(move |rows, cols| link.session().resize(link.id, rows, cols))
+                    as crate::exec::Resizer
             });
             let control = HelperControl {
-                session,
-                hid,
+                link,
+                detached: spec.detach,
                 fallback: plain_control(process.status),
             };
-            let stream = span.in_scope(|| {
+            let mut stream = span.in_scope(|| {
                 ExecStream::spawn(&left, process.output, process.stdin, Box::new(control))
             });
-            return Ok(match resizer {
-                Some(resizer) => stream.with_resizer(resizer),
-                None => stream,
-            });
+            if let Some(resizer) = resizer {
+                stream = stream.with_resizer(resizer);
+            }
+            if durable && let Some(id) = ExecId::new(hid) {
+                stream = stream.with_id(id, 0);
+            }
+            return Ok(stream);
         }
         let process =
             tracing::Instrument::instrument(self.backend.exec_raw(&self.id, raw), span.clone())
@@ -363,6 +400,80 @@ impl<B: Backend> Run for CoreRun<B> {
         }
     }
 
+    async fn execs(&self) -> Result<Vec<ExecInfo>> {
+        let session = self.durable_session("execs").await?;
+        let list = session.list().await.map_err(|e| e.with("run", &self.id))?;
+        Ok(list.into_iter().filter_map(ExecInfo::from_wire).collect())
+    }
+
+    async fn reattach(&self, id: ExecId, from: u64) -> Result<ExecStream> {
+        let session = self.durable_session("exec_id").await?;
+        let Some((attached, events)) = session
+            .attach(id.get(), from)
+            .await
+            .map_err(|e| e.with("run", &self.id))?
+        else {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("the run has no exec {id} (never started here, or released)"),
+            )
+            .with_field("exec_id")
+            .with("run", &self.id));
+        };
+        let link = ExecLink::new(id.get(), session);
+        let status = Arc::new(std::sync::Mutex::new(None));
+        let resume = Resume::reattached(link.clone(), self.reconnect(), attached.at);
+        let mut output = events.into_output(status.clone(), Some(resume));
+        let lost = if from == FROM_NOW {
+            0
+        } else {
+            attached.at.saturating_sub(from)
+        };
+        if lost > 0 {
+            output = futures::stream::iter([Ok(OutputChunk::Lost(lost))])
+                .chain(output)
+                .boxed();
+        }
+        let control = ReattachControl {
+            link,
+            detached: attached.detach,
+            status: Box::new(helper::durable::SharedStatus(status)),
+        };
+        let spec = ExecSpec::new(["reattach"]);
+        let span = tracing::debug_span!("run", run = %self.id);
+        let stream = span.in_scope(|| ExecStream::spawn(&spec, output, None, Box::new(control)));
+        let start = if from == FROM_NOW {
+            attached.at
+        } else {
+            from.min(attached.at)
+        };
+        Ok(stream.with_id(id, start))
+    }
+
+    async fn kill_exec(&self, id: ExecId) -> Result<()> {
+        let session = self.durable_session("exec_id").await?;
+        self.known_exec(&session, id).await?;
+        match tokio::time::timeout(helper::KILL_ANSWER_TIMEOUT, session.kill(id.get())).await {
+            Ok(r) => r.map_err(|e| e.with("run", &self.id)),
+            Err(_) => {
+                session.retire("the helper did not confirm a kill in time");
+                Err(Error::new(
+                    ErrorKind::Backend,
+                    format!("the exec helper did not confirm the kill of exec {id} in time"),
+                )
+                .with("run", &self.id))
+            }
+        }
+    }
+
+    async fn release_exec(&self, id: ExecId) -> Result<()> {
+        let session = self.durable_session("exec_id").await?;
+        self.known_exec(&session, id).await?;
+        session
+            .release(id.get())
+            .map_err(|e| e.with("run", &self.id))
+    }
+
     async fn stop(&self) -> Result<()> {
         let sync_back = match self.overlay().await {
             Ok(overlay) => overlay.and_then(|o| o.sync_back.clone()),
@@ -401,6 +512,59 @@ impl<B: Backend> Run for CoreRun<B> {
                 ExecPath::Plain
             }
             _ => ExecPath::Helper,
+        }
+    }
+}
+
+/// The live helper session of run `id`, starting one when there is none (first exec of
+/// an attached run, or after its stream broke); `None`: plain execs.
+async fn live_session<B: Backend>(
+    backend: &B,
+    id: &str,
+    mode: ExecHelper,
+    state: &tokio::sync::Mutex<HelperState>,
+) -> Result<Option<Arc<Session>>> {
+    let mut state = state.lock().await;
+    match &*state {
+        HelperState::Plain => return Ok(None),
+        HelperState::Ready(s) if s.dead().is_none() => return Ok(Some(s.clone())),
+        HelperState::Ready(s) => {
+            tracing::info!(run = %id, "the exec helper's stream broke ({}); starting a new one", s.dead().unwrap_or_default());
+        }
+        HelperState::Untried => {}
+    }
+    let started = match helper::start(backend, id).await {
+        // Every step of a start fails on a target that is gone (an upload's 404, an
+        // exec that cannot begin): that is the run lost, not a helper problem.
+        Err(e) if e.kind() != ErrorKind::RunLost => {
+            match tokio::time::timeout(TARGET_CHECK_BOUND, backend.attach_target(id)).await {
+                Ok(Err(gone))
+                    if matches!(gone.kind(), ErrorKind::RunLost | ErrorKind::NotFound) =>
+                {
+                    Err(Error::new(
+                        ErrorKind::RunLost,
+                        format!("the run's target is gone: {gone}"),
+                    )
+                    .with_source(e))
+                }
+                _ => Err(e),
+            }
+        }
+        other => other,
+    };
+    match started {
+        Ok(s) => {
+            *state = HelperState::Ready(s.clone());
+            Ok(Some(s))
+        }
+        Err(e) if mode == ExecHelper::Required || e.kind() == ErrorKind::RunLost => {
+            *state = HelperState::Untried;
+            Err(e.with("run", id))
+        }
+        Err(e) => {
+            helper::log_fallback(id, &e);
+            *state = HelperState::Plain;
+            Ok(None)
         }
     }
 }

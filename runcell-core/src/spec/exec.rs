@@ -42,7 +42,26 @@ pub struct ExecSpec {
     pub output_limit: Option<usize>,
     /// Run the command on a new pseudo-terminal of this size (see [`ExecSpec::tty`]).
     pub tty: Option<TerminalSize>,
+    /// Keep running after the stream is dropped (see [`ExecSpec::detach`]).
+    pub detach: bool,
+    /// Output bytes the sandbox keeps for a reattach (see [`ExecSpec::output_buffer`]).
+    pub output_buffer: Option<u64>,
+    /// How long the command outlives a broken connection (see [`ExecSpec::grace`]).
+    pub grace: Option<Duration>,
 }
+
+/// Output bytes an exec's record keeps in the sandbox unless [`ExecSpec::output_buffer`]
+/// says otherwise (4 MiB).
+pub const DEFAULT_OUTPUT_BUFFER: u64 = 4 << 20;
+/// The smallest [`ExecSpec::output_buffer`] (64 KiB).
+pub const MIN_OUTPUT_BUFFER: u64 = 64 << 10;
+/// The largest [`ExecSpec::output_buffer`] (256 MiB).
+pub const MAX_OUTPUT_BUFFER: u64 = 256 << 20;
+/// How long a command outlives a broken connection unless [`ExecSpec::grace`] says
+/// otherwise (10 minutes).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(600);
+/// The longest [`ExecSpec::grace`] (24 hours).
+pub const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// The size of an exec's terminal, in character cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +158,41 @@ impl ExecSpec {
         self
     }
 
+    /// Starts the command detached: it keeps running when its [`crate::ExecStream`] is
+    /// dropped, when the connection breaks and when this process exits, until it ends,
+    /// [`crate::Run::kill_exec`], or the run stops. Its id
+    /// ([`crate::ExecStream::exec_id`]) is known as soon as it started; any process may
+    /// list it ([`crate::Run::execs`]), read its output from any offset
+    /// ([`crate::Run::reattach`]), wait for it and kill it. Needs the capability
+    /// `durable_execs` (the exec helper gives it on every driver).
+    pub fn detach(mut self) -> Self {
+        self.detach = true;
+        self
+    }
+
+    /// Output bytes (stdout and stderr together) the sandbox keeps of this exec for a
+    /// later [`crate::Run::reattach`]; older bytes are dropped once nobody is attached,
+    /// and a reattach from before them reports how many ([`OutputChunk::Lost`]).
+    /// [`MIN_OUTPUT_BUFFER`] to [`MAX_OUTPUT_BUFFER`]; default [`DEFAULT_OUTPUT_BUFFER`].
+    /// It is memory of the sandbox's (the helper's), counted against the run's limit.
+    ///
+    /// [`OutputChunk::Lost`]: crate::OutputChunk::Lost
+    pub fn output_buffer(mut self, bytes: u64) -> Self {
+        self.output_buffer = Some(bytes);
+        self
+    }
+
+    /// How long the command keeps running when the connection to the sandbox breaks
+    /// (the host process died, the engine or a proxy cut the stream) with nobody
+    /// reattaching: within it, the library reconnects and the stream resumes where it
+    /// was, or another process reattaches; past it, the command is killed. Zero: killed
+    /// as soon as the connection breaks. At most [`MAX_GRACE`]; default
+    /// [`DEFAULT_GRACE`]. A detached exec has no grace: it runs on.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = Some(grace);
+        self
+    }
+
     /// Checks every field; the first problem is returned naming its field.
     pub fn validate(&self) -> Result<()> {
         validate_argv("argv", &self.argv)?;
@@ -163,6 +217,29 @@ impl ExecSpec {
         }
         if let Some(tty) = &self.tty {
             tty.validate()?;
+        }
+        if let Some(n) = self.output_buffer
+            && !(MIN_OUTPUT_BUFFER..=MAX_OUTPUT_BUFFER).contains(&n)
+        {
+            return Err(Error::invalid_spec(
+                "output_buffer",
+                format!("must be from {MIN_OUTPUT_BUFFER} to {MAX_OUTPUT_BUFFER} bytes, not {n}"),
+            ));
+        }
+        if self.detach && self.timeout.is_some() {
+            return Err(Error::invalid_spec(
+                "timeout",
+                "a detached command outlives this process, which could not enforce it: \
+                 run it under `timeout` in argv, or kill it with Run::kill_exec",
+            ));
+        }
+        if let Some(g) = self.grace
+            && g > MAX_GRACE
+        {
+            return Err(Error::invalid_spec(
+                "grace",
+                format!("must be at most {MAX_GRACE:?}, not {g:?}"),
+            ));
         }
         Ok(())
     }
@@ -189,6 +266,9 @@ impl fmt::Debug for ExecSpec {
             .field("timeout", &self.timeout)
             .field("output_limit", &self.output_limit)
             .field("tty", &self.tty)
+            .field("detach", &self.detach)
+            .field("output_buffer", &self.output_buffer)
+            .field("grace", &self.grace)
             .finish()
     }
 }
@@ -216,5 +296,24 @@ mod tests {
         let e = ExecSpec::new(["sh"]).tty(24, 0).validate().unwrap_err();
         assert_eq!(e.field(), Some("tty.cols"));
         ExecSpec::new(["sh"]).tty(24, 80).validate().unwrap();
+    }
+
+    #[test]
+    fn output_buffer_and_grace_are_bounded_and_named() {
+        let spec = || ExecSpec::new(["sh"]);
+        for n in [0, MIN_OUTPUT_BUFFER - 1, MAX_OUTPUT_BUFFER + 1] {
+            let e = spec().output_buffer(n).validate().unwrap_err();
+            assert_eq!(e.field(), Some("output_buffer"), "{n}");
+        }
+        for n in [MIN_OUTPUT_BUFFER, DEFAULT_OUTPUT_BUFFER, MAX_OUTPUT_BUFFER] {
+            spec().output_buffer(n).validate().unwrap();
+        }
+        let e = spec()
+            .grace(MAX_GRACE + Duration::from_secs(1))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field(), Some("grace"));
+        spec().grace(Duration::ZERO).detach().validate().unwrap();
+        spec().grace(MAX_GRACE).validate().unwrap();
     }
 }

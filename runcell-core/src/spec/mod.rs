@@ -27,7 +27,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use env::{EnvNames, MAX_ENV_TOTAL, validate_abs_path, validate_argv, validate_env, validate_user};
 
-pub use exec::{ExecSpec, Stdin, TerminalSize};
+pub use exec::{
+    DEFAULT_GRACE, DEFAULT_OUTPUT_BUFFER, ExecSpec, MAX_GRACE, MAX_OUTPUT_BUFFER,
+    MIN_OUTPUT_BUFFER, Stdin, TerminalSize,
+};
 pub use helper_mode::{EXEC_HELPER_ENV, ExecHelper};
 pub use image::{could_be_id_prefix, qualified_name, validate_image};
 pub use proxy::Proxy;

@@ -2,6 +2,7 @@
 //! stays bounded and never panics.
 
 use super::*;
+use crate::helper::durable::SpawnOpts;
 
 struct FakeStatus;
 
@@ -90,6 +91,8 @@ fn hello() -> Vec<u8> {
         gid: 0,
         size: 1,
         digest: 2,
+        relay: 0,
+        durable: false,
     }
     .encode(&mut e);
     e.finish()
@@ -126,11 +129,15 @@ fn exec(stdin: Stdin) -> RawExec {
 async fn started(session: &Arc<Session>, peer: &mut Peer, stdin: Stdin) -> (u32, RawProcess) {
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move { session.spawn(&exec(stdin), None, None).await })
+        tokio::spawn(async move {
+            session
+                .spawn(&exec(stdin), &SpawnOpts::default(), None, None)
+                .await
+        })
     };
     let (id, _) = peer.expect(proto::SPAWN).await;
     peer.send(frame_u32(proto::STARTED, id, 42));
-    let (hid, process) = spawn.await.unwrap().expect("spawn");
+    let (hid, process, _) = spawn.await.unwrap().expect("spawn");
     assert_eq!(hid, id);
     (id, process)
 }
@@ -187,6 +194,7 @@ async fn output_beyond_the_credit_drops_the_connection() {
     loop {
         match process.output.next().await {
             Some(Ok(OutputChunk::Stdout(b) | OutputChunk::Stderr(b))) => got += b.len(),
+            Some(Ok(OutputChunk::Lost(n))) => panic!("{n} bytes lost"),
             Some(Err(_)) => break,
             None => panic!("no error"),
         }
@@ -327,12 +335,17 @@ async fn a_spawn_unanswered_by_its_deadline_retires_the_session() {
         let session = session.clone();
         tokio::spawn(async move {
             session
-                .spawn(&exec(Stdin::Null), None, Some(deadline))
+                .spawn(
+                    &exec(Stdin::Null),
+                    &SpawnOpts::default(),
+                    Some(deadline),
+                    None,
+                )
                 .await
         })
     };
     peer.expect(proto::SPAWN).await;
-    let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
+    let (_, mut process, _) = spawn.await.unwrap().expect("an exec that may have run");
     let took = start.elapsed();
     assert!(
         took >= Duration::from_secs(3) && took <= Duration::from_secs(3) + ANSWER_GRACE,
@@ -354,10 +367,14 @@ async fn a_spawn_never_answered_may_have_run() {
     let start = Instant::now();
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None, None).await })
+        tokio::spawn(async move {
+            session
+                .spawn(&exec(Stdin::Null), &SpawnOpts::default(), None, None)
+                .await
+        })
     };
     peer.expect(proto::SPAWN).await;
-    let (_, mut process) = spawn.await.unwrap().expect("an exec that may have run");
+    let (_, mut process, _) = spawn.await.unwrap().expect("an exec that may have run");
     assert!(start.elapsed() <= ANSWER_TIMEOUT, "{:?}", start.elapsed());
     assert!(first_error(&mut process).await.contains("may have run"));
     assert!(session.dead().is_some());
@@ -368,11 +385,15 @@ async fn a_helper_lost_after_a_spawn_may_have_run() {
     let (session, mut peer) = opened().await;
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move { session.spawn(&exec(Stdin::Null), None, None).await })
+        tokio::spawn(async move {
+            session
+                .spawn(&exec(Stdin::Null), &SpawnOpts::default(), None, None)
+                .await
+        })
     };
     peer.expect(proto::SPAWN).await;
     peer.hang_up();
-    let (_, mut process) = spawn
+    let (_, mut process, _) = spawn
         .await
         .unwrap()
         .expect("not an error: the command may have run");
@@ -397,4 +418,212 @@ async fn a_helper_that_stops_answering_pings_is_dropped() {
     let took = stopped.elapsed();
     assert!(took <= PING_INTERVAL + PING_TIMEOUT, "{took:?}");
     assert!(start.elapsed() > Duration::from_secs(18));
+}
+
+// ---- durable execs -------------------------------------------------------------------
+
+fn durable_hello() -> Vec<u8> {
+    let mut e = Enc::frame(proto::HELLO, 0);
+    Hello {
+        version: proto::VERSION,
+        pid: 7,
+        uid: 0,
+        gid: 0,
+        size: 1,
+        digest: 2,
+        relay: 8,
+        durable: true,
+    }
+    .encode(&mut e);
+    e.finish()
+}
+
+async fn opened_durable() -> (Arc<Session>, Peer) {
+    let (process, peer) = fake();
+    peer.send(durable_hello());
+    let session = Session::open(process, Duration::from_secs(5))
+        .await
+        .expect("greeting");
+    (Arc::new(session), peer)
+}
+
+fn stdout_frame(id: u32, b: &[u8]) -> Vec<u8> {
+    let mut e = Enc::frame(proto::STDOUT, id);
+    e.raw(b);
+    e.finish()
+}
+
+fn attached_frame(id: u32, at: u64, end: u64) -> Vec<u8> {
+    let mut e = Enc::frame(proto::ATTACHED, id);
+    Attached {
+        at,
+        end,
+        pid: 42,
+        ..Attached::default()
+    }
+    .encode(&mut e);
+    e.finish()
+}
+
+fn exit_frame(id: u32, code: u32) -> Vec<u8> {
+    let mut e = Enc::frame(proto::EXIT, id);
+    e.u8(proto::EXITED).u32(code);
+    e.finish()
+}
+
+#[tokio::test]
+async fn a_stream_resumes_through_a_new_session_from_the_offset_it_reached() {
+    let (first, mut peer1) = opened_durable().await;
+    let (second, mut peer2) = opened_durable().await;
+    let reconnect: crate::helper::durable::Reconnect = {
+        let second = second.clone();
+        Arc::new(move || {
+            let second = second.clone();
+            Box::pin(async move { Ok(second) })
+        })
+    };
+    let opts = SpawnOpts {
+        grace_ms: 60_000,
+        ..SpawnOpts::default()
+    };
+    let spawn = {
+        let first = first.clone();
+        tokio::spawn(async move {
+            first
+                .spawn(&exec(Stdin::Null), &opts, None, Some(reconnect))
+                .await
+        })
+    };
+    let (id, payload) = peer1.expect(proto::SPAWN).await;
+    let sp = Spawn::decode(&mut Dec::new(&payload)).unwrap();
+    assert_eq!((sp.detach, sp.grace_ms), (false, 60_000));
+    peer1.send(frame_u32(proto::STARTED, id, 42));
+    let (_, mut process, link) = spawn.await.unwrap().expect("spawn");
+    peer1.send(stdout_frame(id, b"abc"));
+    match process.output.next().await {
+        Some(Ok(OutputChunk::Stdout(b))) => assert_eq!(&b[..], b"abc"),
+        other => panic!("{other:?}"),
+    }
+    // The first connection breaks: the output asks the second for the rest from 3.
+    peer1.hang_up();
+    let next = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(item) = process.output.next().await {
+            got.push(item.expect("no error after the resume"));
+        }
+        (got, process)
+    });
+    let (aid, payload) = peer2.expect(proto::ATTACH).await;
+    assert_eq!(aid, id);
+    assert_eq!(Dec::new(&payload).u64().unwrap(), 3);
+    // Two bytes were dropped while nobody was attached.
+    peer2.send(attached_frame(id, 5, 8));
+    peer2.send(stdout_frame(id, b"fgh"));
+    peer2.send(exit_frame(id, 4));
+    let (got, process) = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the resumed output ends")
+        .unwrap();
+    assert_eq!(
+        got,
+        [
+            OutputChunk::Lost(2),
+            OutputChunk::Stdout(Bytes::from_static(b"fgh"))
+        ]
+    );
+    assert_eq!(
+        process.status.status().await.unwrap(),
+        ExitStatus::Exited(4)
+    );
+    // Its kill and resize now go through the second session.
+    assert!(Arc::ptr_eq(&link.session(), &second));
+}
+
+#[tokio::test]
+async fn a_resume_whose_exec_is_gone_ends_the_output_with_an_error() {
+    let (first, mut peer1) = opened_durable().await;
+    let (second, mut peer2) = opened_durable().await;
+    let reconnect: crate::helper::durable::Reconnect = Arc::new(move || {
+        let second = second.clone();
+        Box::pin(async move { Ok(second) })
+    });
+    let opts = SpawnOpts {
+        detach: true,
+        ..SpawnOpts::default()
+    };
+    let spawn = {
+        let first = first.clone();
+        tokio::spawn(async move {
+            first
+                .spawn(&exec(Stdin::Null), &opts, None, Some(reconnect))
+                .await
+        })
+    };
+    let (id, _) = peer1.expect(proto::SPAWN).await;
+    peer1.send(frame_u32(proto::STARTED, id, 42));
+    let (_, mut process, _) = spawn.await.unwrap().expect("spawn");
+    peer1.hang_up();
+    let error = tokio::spawn(async move { first_error(&mut process).await });
+    let (aid, _) = peer2.expect(proto::ATTACH).await;
+    peer2.send(Enc::frame(proto::GONE, aid).finish());
+    let why = error.await.unwrap();
+    assert!(why.contains("no longer has the exec"), "{why}");
+}
+
+#[tokio::test]
+async fn a_spawn_whose_id_the_daemon_holds_is_tried_with_another() {
+    let (session, mut peer) = opened_durable().await;
+    let spawn = {
+        let session = session.clone();
+        tokio::spawn(async move {
+            session
+                .spawn(&exec(Stdin::Null), &SpawnOpts::default(), None, None)
+                .await
+        })
+    };
+    let (first, _) = peer.expect(proto::SPAWN).await;
+    let mut e = Enc::frame(proto::SPAWN_ERROR, first);
+    e.u8(SpawnError::IdInUse as u8).bytes(b"in use");
+    peer.send(e.finish());
+    let (second, _) = peer.expect(proto::SPAWN).await;
+    assert_ne!(first, second);
+    peer.send(frame_u32(proto::STARTED, second, 42));
+    let (hid, _, _) = spawn.await.unwrap().expect("spawn");
+    assert_eq!(hid, second);
+}
+
+#[tokio::test]
+async fn attach_and_list_answers_are_checked() {
+    let (session, mut peer) = opened_durable().await;
+    // Unknown exec: none.
+    let attach = {
+        let session = session.clone();
+        tokio::spawn(async move { session.attach(9, 0).await.map(|a| a.is_some()) })
+    };
+    let (id, _) = peer.expect(proto::ATTACH).await;
+    peer.send(Enc::frame(proto::GONE, id).finish());
+    assert!(!attach.await.unwrap().unwrap());
+    // An attach answered past the exec's end is a lie: the session is dropped.
+    let attach = {
+        let session = session.clone();
+        tokio::spawn(async move { session.attach(9, 0).await.map(|a| a.is_some()) })
+    };
+    let (id, _) = peer.expect(proto::ATTACH).await;
+    peer.send(attached_frame(id, 10, 5));
+    assert!(attach.await.unwrap().is_err());
+    assert!(session.dead().is_some());
+
+    // A list longer than the daemon may hold drops the connection.
+    let (session, mut peer) = opened_durable().await;
+    let list = {
+        let session = session.clone();
+        tokio::spawn(async move { session.list().await })
+    };
+    let (id, _) = peer.expect(proto::LIST).await;
+    let mut e = Enc::frame(proto::EXECS, id);
+    e.u32(proto::MAX_RECORDS as u32 + 1);
+    peer.send(e.finish());
+    assert!(list.await.unwrap().is_err());
+    let why = dead_within(&session, Duration::from_secs(5)).await;
+    assert!(why.contains("listed"), "{why}");
 }
