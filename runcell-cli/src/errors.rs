@@ -25,8 +25,8 @@ pub mod code {
 
 /// The exit-code table, for `--help` and the README.
 pub const EXIT_CODES_HELP: &str = "\
-Exit codes of `exec` and `run`: the command's own (0-255), 128+N when a signal N killed
-it, and:
+Exit codes of `exec`, `run`, `wait` and `logs -f`: the command's own (0-255), 128+N when
+a signal N killed it, and:
   120  the command timed out and its processes could not be killed; they may still run
        (`sandbox stop` ends them)
   121  the run is gone (its container or pod was removed or stopped)
@@ -81,10 +81,12 @@ impl Failure {
             ErrorKind::Unavailable if driver == "k8s" => "is the cluster reachable? check KUBECONFIG (`kubectl get pods`), or --config namespace=NAME".into(),
             ErrorKind::Unavailable => format!("is the {driver} backend running and reachable?"),
             ErrorKind::NotFound if field == "image" || error.context_value("image").is_some() => "pull policy never? build or pull the image first, or check its name (`docker images`)".into(),
+            ErrorKind::NotFound if field == "exec_id" => "`sandbox ps RUN` lists the run's execs".into(),
             ErrorKind::NotFound if error.context_value("run").is_some() || error.message().contains("managed run") => "`sandbox ls --all` lists the runs".into(),
             ErrorKind::NotFound if field == "working_dir" || field == "user" => format!("the run has no such {}; check --workdir / --user", field.replace('_', " ")),
             ErrorKind::RunLost => "the run's container or pod is gone or stopped; `sandbox gc` removes what is left of it".into(),
             ErrorKind::Config => format!("{driver} config comes from --config KEY=VALUE, the [{driver}] table of --config-file and RUNCELL_{}_* variables", driver.to_ascii_uppercase().replace('-', "_")),
+            ErrorKind::Unsupported if matches!(field, "detach" | "exec_id" | "execs") => "exec records (`exec -d`, `logs`, `wait`, `kill`, `ps`, `rm-exec`) need the run's exec helper; this run takes the plain exec path (its spec sets exec_helper off, its image cannot run the helper, or this sandbox was built without one)".into(),
             ErrorKind::Unsupported => format!("the {driver} driver cannot honour {field}: leave it out, or use another driver (`sandbox drivers`)"),
             ErrorKind::StartFailed => "the image needs `sleep` that accepts `infinity` and a POSIX `sh` (busybox or coreutils)".into(),
             ErrorKind::Timeout => "the backend is slow: raise its timeout (docker: --config timeout_secs=N; k8s: --config ready_timeout_secs=N)".into(),

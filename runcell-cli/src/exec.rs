@@ -93,6 +93,12 @@ pub async fn stream(
     };
     let timeout = spec.timeout;
     let mut exec = run.exec_stream(spec).await?;
+    if let Some(id) = exec.exec_id() {
+        tracing::debug!(
+            "exec id {id} (`sandbox logs -f {} {id}` picks it up if this process dies)",
+            run.id()
+        );
+    }
     if pipe_stdin && let Some(mut writer) = exec.take_stdin() {
         tokio::spawn(async move {
             let mut input = tokio::io::stdin();
@@ -145,6 +151,10 @@ pub async fn stream(
             Some(OutputChunk::Stderr(b)) => {
                 let _ = stderr.write_all(&b).await;
                 let _ = stderr.flush().await;
+            }
+            Some(OutputChunk::Lost(n)) => {
+                let line = format!("sandbox: {n} bytes of output were lost here\n");
+                let _ = stderr.write_all(line.as_bytes()).await;
             }
         }
     };

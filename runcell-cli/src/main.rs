@@ -10,6 +10,7 @@ mod cp;
 mod doc;
 mod errors;
 mod exec;
+mod execs;
 mod progress;
 mod spec;
 mod tty;
@@ -84,9 +85,33 @@ enum Command {
         spec: SpecArgs,
     },
     /// Run a command in a run, streaming its output; stdin is forwarded when it is not a
-    /// terminal. Exits with the command's exit code.
+    /// terminal. Exits with the command's exit code. With -d, start it detached and print
+    /// its exec id (for `logs`, `wait`, `kill`, `ps`, `rm-exec`).
     #[command(after_help = EXIT_CODES_HELP)]
     Exec(ExecArgs),
+    /// Print an exec's output kept so far (stdout to stdout, stderr to stderr), from
+    /// --from on; with -f follow it until the command ends and exit with its exit code.
+    /// An exec has one reader: one that another stream reads (its `sandbox exec`, a
+    /// `logs -f`) is refused. Without -f, only a detached exec (`exec -d`) or one that has
+    /// ended: reading a running non-detached exec makes this process its reader, and
+    /// stopping early would kill it (use -f for those).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Logs(execs::LogsArgs),
+    /// Wait until an exec ends and exit with its exit code (as `sandbox exec`). It only
+    /// reads the run's exec records, so the exec's reader (if any) keeps it, and Ctrl-C
+    /// leaves it running.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Wait(execs::ExecRef),
+    /// Kill an exec's processes (its whole process tree, TERM then KILL). Its record
+    /// stays, with its status, until `rm-exec`; an exec that already ended is fine.
+    Kill(execs::ExecRef),
+    /// List a run's execs (running, and ended ones not released): ID, PID, STATE,
+    /// DETACHED, ATTACHED (a stream reads it now), OUTPUT (bytes so far: the offset to
+    /// `logs --from`), STARTED, COMMAND.
+    Ps(execs::PsArgs),
+    /// Forget ended execs' records (their kept output and status); a detached exec's
+    /// record otherwise stays until the run stops. Prints each id.
+    RmExec(execs::RmArgs),
     /// A shell on a terminal in a run: `sandbox exec -it RUN -- sh`.
     #[command(after_help = EXIT_CODES_HELP)]
     Shell {
@@ -154,6 +179,21 @@ struct ExecArgs {
     /// User: uid, uid:gid, or a name where the driver allows.
     #[arg(short, long)]
     user: Option<String>,
+    /// Start the command detached, print its exec id and exit 0 at once (as `docker exec
+    /// -d`): it runs on until it ends, `sandbox kill`, or the run stops; `sandbox logs`,
+    /// `wait` and `ps` reach it. It gets no stdin; with -t, a terminal of this one's size.
+    /// Needs the run's exec helper.
+    #[arg(short = 'd', long)]
+    detach: bool,
+    /// How long the command runs on when this process's connection to it breaks (this
+    /// process killed, the engine restarted): within it, `sandbox logs -f` picks it up;
+    /// past it, it is killed. 0: killed with the connection. Default 10m, at most 24h.
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    grace: Option<Duration>,
+    /// Output bytes (stdout and stderr together) the run keeps of the command for
+    /// `sandbox logs`; older ones are dropped while nobody reads. 64k to 256m; default 4m.
+    #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
+    output_buffer: Option<u64>,
     #[command(flatten)]
     common: RunExecArgs,
 }
@@ -312,14 +352,22 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             Ok(0)
         }
         Command::Exec(args) => {
-            let driver = connect(g).await?;
-            let run = driver.attach(&args.run).await?;
+            if args.detach {
+                execs::check_detach(args.common.interactive, args.common.timeout, args.grace)?;
+            }
             let mut spec = exec_spec(&args.common);
             for e in &args.env {
                 spec.env.push(spec::env_pair(e)?);
             }
             spec.working_dir = args.workdir.clone();
             spec.user = args.user.clone();
+            spec.grace = args.grace;
+            spec.output_buffer = args.output_buffer;
+            let driver = connect(g).await?;
+            let run = driver.attach(&args.run).await?;
+            if args.detach {
+                return execs::start_detached(&*run, spec, args.common.tty).await;
+            }
             let options = exec::Options {
                 forward_stdin: !args.common.no_stdin,
                 interactive: args.common.interactive,
@@ -327,6 +375,26 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 interruptible: true,
             };
             exec::stream(&*run, &driver.capabilities(), spec, options).await
+        }
+        Command::Logs(args) => {
+            let run = connect(g).await?.attach(&args.exec.run).await?;
+            execs::logs(&*run, args).await
+        }
+        Command::Wait(args) => {
+            let run = connect(g).await?.attach(&args.run).await?;
+            execs::wait(&*run, args.exec).await
+        }
+        Command::Kill(args) => {
+            let run = connect(g).await?.attach(&args.run).await?;
+            execs::kill(&*run, args.exec).await
+        }
+        Command::Ps(args) => {
+            let run = connect(g).await?.attach(&args.run).await?;
+            execs::ps(&*run, args).await
+        }
+        Command::RmExec(args) => {
+            let run = connect(g).await?.attach(&args.run).await?;
+            execs::remove(&*run, args).await
         }
         Command::Shell { run } => {
             let driver = connect(g).await?;

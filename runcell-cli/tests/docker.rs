@@ -1053,3 +1053,142 @@ fn exec_it_drives_a_terminal_in_the_run_and_restores_this_one() {
     run(sb.cmd(&["stop", &id]));
     sb.assert_nothing_left();
 }
+
+/// The table row of `sandbox ps` for exec `exec`, split into cells (STATE `exited 3` is
+/// two).
+fn ps_row(sb: &Sandbox, run_id: &str, exec: &str) -> Option<Vec<String>> {
+    let out = run(sb.cmd(&["ps", run_id]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.starts_with("ID "), "{table}");
+    table
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .find(|cells| cells.first().map(String::as_str) == Some(exec))
+}
+
+/// `sandbox exec -d`: prints the exec id and nothing else.
+fn exec_detached(sb: &Sandbox, run_id: &str, argv: &[&str]) -> String {
+    let out = run(sb.exec_cmd(run_id, &["-d"], argv));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let id = stdout.trim_end_matches('\n');
+    assert!(
+        stdout.ends_with('\n')
+            && !id.contains('\n')
+            && !id.starts_with('0')
+            && id.parse::<u32>().is_ok(),
+        "not an exec id: {stdout:?}"
+    );
+    id.to_string()
+}
+
+#[test]
+fn detached_execs_are_listed_waited_for_read_and_killed() {
+    let Some(sb) = sandbox("durable-execs") else {
+        return;
+    };
+    let id = sb.start(&[]);
+    let script = "for i in $(seq 1 50); do echo line$i; sleep 0.05; done; exit 3";
+    let lines = exec_detached(&sb, &id, &["sh", "-c", script]);
+
+    // Listed while it runs, detached.
+    let row = ps_row(&sb, &id, &lines).expect("ps lists the exec");
+    assert_eq!(
+        (row[2].as_str(), row[3].as_str()),
+        ("running", "yes"),
+        "{row:?}"
+    );
+    let out = run(sb.cmd(&["ps", "--json", &id]));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entry = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"].as_u64() == lines.parse().ok())
+        .unwrap_or_else(|| panic!("{rows}"));
+    assert_eq!(entry["detached"], true, "{entry}");
+    assert_eq!(entry["argv"][0], "sh", "{entry}");
+
+    // wait: its exit code; logs: every line, exactly; -f of an ended exec: its code too.
+    let out = run(sb.cmd(&["wait", &id, &lines]));
+    assert_eq!(code(&out), 3, "{}", text(&out.stderr));
+    let all: String = (1..=50).map(|i| format!("line{i}\n")).collect();
+    let out = run(sb.cmd(&["logs", &id, &lines]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), all);
+    assert_eq!(text(&out.stderr), "");
+    let out = run(sb.cmd(&["logs", "--from", "6", &id, &lines]));
+    assert_eq!(text(&out.stdout), all["line1\n".len()..]);
+    let out = run(sb.cmd(&["logs", "-f", &id, &lines]));
+    assert_eq!((code(&out), text(&out.stdout)), (3, all.clone()));
+    let row = ps_row(&sb, &id, &lines).unwrap();
+    assert_eq!(row[2..4], ["exited", "3"], "{row:?}");
+
+    // A second one, killed: `logs` stops at what there is now; `wait` and `logs -f` give
+    // the signal's code (TERM first: 143).
+    let sleeper = exec_detached(&sb, &id, &["sh", "-c", "echo started; exec sleep 1000"]);
+    let printed = eventually(Duration::from_secs(10), || {
+        ps_row(&sb, &id, &sleeper).is_some_and(|r| r[5] == "8")
+    });
+    assert!(printed, "{:?}", ps_row(&sb, &id, &sleeper));
+    let out = run(sb.cmd(&["logs", &id, &sleeper]));
+    assert_eq!((code(&out), text(&out.stdout)), (0, "started\n".into()));
+    let waiter = sb.cmd(&["wait", &id, &sleeper]);
+    let waiter = std::thread::spawn(move || run(waiter));
+    let follower = sb.cmd(&["logs", "-f", &id, &sleeper]);
+    let follower = std::thread::spawn(move || run(follower));
+    std::thread::sleep(Duration::from_millis(500));
+    let out = run(sb.cmd(&["kill", &id, &sleeper]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let out = waiter.join().unwrap();
+    assert!(
+        [143, 137].contains(&code(&out)),
+        "{}: {}",
+        code(&out),
+        text(&out.stderr)
+    );
+    let killed = code(&out);
+    let out = follower.join().unwrap();
+    assert_eq!(code(&out), killed, "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "started\n");
+    assert_eq!(code(&run(sb.cmd(&["wait", &id, &sleeper]))), killed);
+
+    // Unknown ids are not-found errors naming the id; a bad one is a usage error.
+    for command in ["wait", "kill", "logs", "rm-exec"] {
+        let out = run(sb.cmd(&[command, &id, "4000000000"]));
+        let stderr = text(&out.stderr);
+        assert_eq!(code(&out), 125, "{command}: {stderr}");
+        assert!(
+            stderr.contains("not found (exec_id)") && stderr.contains("exec 4000000000"),
+            "{command}: {stderr}"
+        );
+        let out = run(sb.cmd(&[command, &id, "x"]));
+        assert_eq!(code(&out), 125, "{command}: {}", text(&out.stderr));
+    }
+    // What makes no sense with -d is refused before anything starts.
+    for flags in [&["-d", "-i"][..], &["-d", "--timeout", "5s"]] {
+        let out = run(sb.exec_cmd(&id, flags, &["true"]));
+        assert_eq!(code(&out), 125, "{flags:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("--detach with"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+
+    // rm-exec forgets an ended record.
+    let out = run(sb.cmd(&["rm-exec", &id, &lines]));
+    assert_eq!(
+        (code(&out), text(&out.stdout)),
+        (0, format!("{lines}\n")),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(ps_row(&sb, &id, &lines).is_none());
+    assert!(ps_row(&sb, &id, &sleeper).is_some());
+    assert_eq!(code(&run(sb.cmd(&["logs", &id, &lines]))), 125);
+
+    run(sb.cmd(&["stop", &id]));
+    sb.assert_nothing_left();
+}

@@ -1,22 +1,24 @@
-//! The connection: the main thread reads frames from stdin and dispatches them, never
-//! blocking on one exec nor on stdout.
+//! A connection's reader: reads frames from the connection's stream (the socket, or the
+//! relay's own stdin when it serves the connection itself) and dispatches them, never
+//! blocking on one exec nor on the stream's other direction.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, ErrorKind, Read};
-use std::os::fd::AsFd;
+use std::io::{ErrorKind, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::files::{self, GetEnd, Put};
 use crate::flow::Flow;
+use crate::link::{Link, REQUEST_BACKLOG, file_error_frame};
 use crate::proto::{
-    self, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET, KILL, KILLED,
-    PING, PONG, PUT, RESIZE, SPAWN, STDIN, STDIN_ACK, STDIN_EOF, STDIN_WINDOW, Spawn, SpawnError,
+    self, ATTACH, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET, KILL,
+    KILLED, LIST, PING, PONG, PUT, RELEASE, RESIZE, SPAWN, STDIN, STDIN_ACK, STDIN_EOF,
+    STDIN_WINDOW, Spawn, SpawnError,
 };
-use crate::{Helper, diag, file_error_frame, lock, start_thread, sys};
+use crate::{Helper, diag, lock, start_thread, sys};
 
-/// Bytes read from stdin at a time.
+/// Bytes read from the stream at a time.
 const READ_CHUNK: usize = 64 * 1024;
 /// Queued stdin bytes of one exec beyond which the host broke the window rule.
 const STDIN_QUEUE_LIMIT: usize = 4 * STDIN_WINDOW as usize;
@@ -27,29 +29,28 @@ enum FileOp {
     Get(Arc<Flow>),
 }
 
-/// The main thread's state: reads frames and dispatches them.
+/// A connection's reader: dispatches its frames; its file operations are its own.
 pub(crate) struct Conn {
     h: &'static Helper,
+    link: Arc<Link>,
     files: HashMap<u32, FileOp>,
 }
 
 impl Conn {
-    /// The connection of `h`, with no file operation in progress.
-    pub(crate) fn new(h: &'static Helper) -> Conn {
+    /// The reader of the connection whose frames go out through `link`.
+    pub(crate) fn new(h: &'static Helper, link: Arc<Link>) -> Conn {
         Conn {
             h,
+            link,
             files: HashMap::new(),
         }
     }
 
-    /// Reads frames until stdin ends or breaks (then the trees of the execs still running
-    /// are killed and the helper exits).
-    pub(crate) fn run(mut self) -> ! {
-        let h = self.h;
-        let mut input = match io::stdin().as_fd().try_clone_to_owned() {
-            Ok(fd) => File::from(fd),
-            Err(_) => h.shutdown(1),
-        };
+    /// Reads frames from `input` until it ends or breaks, or a frame is malformed
+    /// (`PROTOCOL_ERROR` is then queued). The connection's file operations are
+    /// abandoned; the exit code for a helper that ends with its connection: 0, or 2
+    /// after a protocol error.
+    pub(crate) fn run(mut self, mut input: File) -> i32 {
         let mut buf: Vec<u8> = Vec::with_capacity(2 * READ_CHUNK);
         loop {
             let mut start = 0;
@@ -57,12 +58,12 @@ impl Conn {
                 match proto::split_frame(&buf[start..]) {
                     Ok(Some((kind, id, payload, len))) => {
                         if let Err(msg) = self.handle(kind, id, payload) {
-                            self.protocol_error(&msg);
+                            return self.protocol_error(&msg);
                         }
                         start += len;
                     }
                     Ok(None) => break,
-                    Err(_) => self.protocol_error("frame length out of range"),
+                    Err(_) => return self.protocol_error("frame length out of range"),
                 }
             }
             buf.drain(..start);
@@ -72,31 +73,33 @@ impl Conn {
             let old = buf.len();
             buf.resize(old + READ_CHUNK, 0);
             match input.read(&mut buf[old..]) {
-                Ok(0) => self.end(0),
+                Ok(0) => return self.end(0),
                 Ok(n) => buf.truncate(old + n),
                 Err(e) if e.kind() == ErrorKind::Interrupted => buf.truncate(old),
-                Err(_) => self.end(0),
+                Err(_) => return self.end(0),
             }
         }
     }
 
-    /// The connection is over: a `PUT` cut short leaves no temporary file, then
-    /// [`Helper::shutdown`].
-    fn end(&mut self, code: i32) -> ! {
+    /// The connection is over: a `PUT` cut short leaves no temporary file, a `GET` stops.
+    fn end(&mut self, code: i32) -> i32 {
         for (_, op) in self.files.drain() {
-            if let FileOp::Put(mut p) = op
-                && let Some(pf) = p.file.take()
-            {
-                pf.abandon();
+            match op {
+                FileOp::Put(mut p) => {
+                    if let Some(pf) = p.file.take() {
+                        pf.abandon();
+                    }
+                }
+                FileOp::Get(flow) => flow.discard(),
             }
         }
-        self.h.shutdown(code)
+        code
     }
 
-    /// `PROTOCOL_ERROR`, kill the trees of the execs still running, exit 2.
-    fn protocol_error(&mut self, msg: &str) -> ! {
+    /// `PROTOCOL_ERROR`, then the end of the connection.
+    fn protocol_error(&mut self, msg: &str) -> i32 {
         diag(format_args!("protocol error: {msg}"));
-        self.h.send_protocol_error(msg);
+        self.link.send_protocol_error(msg);
         self.end(2)
     }
 
@@ -115,11 +118,7 @@ impl Conn {
                 let n = d.u32().map_err(bad)?;
                 match self.files.get(&id) {
                     Some(FileOp::Get(flow)) => flow.grant(n),
-                    _ => {
-                        if let Some(ex) = self.h.exec(id) {
-                            ex.flow.grant(n);
-                        }
-                    }
+                    _ => self.h.grant(&self.link, id, n),
                 }
             }
             DISCARD => self.discard(id),
@@ -133,18 +132,29 @@ impl Conn {
                 }
             }
             KILL => self.kill(id),
-            PING => self.h.send_empty(PONG, id),
+            PING => self.link.send_empty(PONG, id),
             PUT => {
                 let path = d.bytes().map_err(bad)?.to_vec();
                 self.put(id, path);
             }
             GET => {
                 let path = d.bytes().map_err(bad)?.to_vec();
+                self.link.wait_backlog(REQUEST_BACKLOG);
                 self.get(id, path);
             }
             ENTRY => {
                 let e = Entry::decode(&mut d).map_err(bad)?;
                 self.entry(id, e);
+            }
+            ATTACH => {
+                let from = d.u64().map_err(bad)?;
+                self.link.wait_backlog(REQUEST_BACKLOG);
+                self.h.attach(&self.link, id, from);
+            }
+            RELEASE => self.h.release(id),
+            LIST => {
+                self.link.wait_backlog(REQUEST_BACKLOG);
+                self.h.list(&self.link, id);
             }
             _ => return Err(format!("unknown frame kind {kind}")),
         }
@@ -157,58 +167,65 @@ impl Conn {
             .retain(|_, op| !matches!(op, FileOp::Get(f) if f.finished.load(Ordering::Acquire)));
     }
 
-    /// Whether an id names a live exec or file operation.
+    /// Whether an id names something of this connection: one of its file operations, or
+    /// an exec attached to it (whose frames would be mixed up with a new operation's).
     fn in_use(&self, id: u32) -> bool {
-        self.files.contains_key(&id) || self.h.exec(id).is_some()
+        self.files.contains_key(&id)
+            || self
+                .h
+                .exec(id)
+                .is_some_and(|ex| lock(&ex.st).attached_to(&self.link))
     }
 
-    /// `SPAWN`.
+    /// `SPAWN`: refused for id 0, an id of this connection's, or one the helper holds a
+    /// record of.
     fn spawn(&mut self, id: u32, sp: &Spawn) {
         self.sweep();
         if id == 0 {
             // 0 is the connection's (and a spare shepherd's mark in the registry).
-            self.h
+            self.link
                 .send_spawn_error(id, SpawnError::Other, "id 0 is not an exec's");
             return;
         }
-        if self.in_use(id) {
-            self.h
-                .send_spawn_error(id, SpawnError::Other, "id already in use");
+        if self.files.contains_key(&id) {
+            self.link
+                .send_spawn_error(id, SpawnError::IdInUse, "id already in use");
             return;
         }
-        if let Err((kind, msg)) = self.h.start_exec(id, sp) {
-            self.h.send_spawn_error(id, kind, &msg);
+        if let Err((kind, msg)) = self.h.start_exec(id, sp, &self.link) {
+            self.link.send_spawn_error(id, kind, &msg);
         }
     }
 
-    /// `STDIN` for a `PUT` or an exec (queued for its stdin thread, never blocking here).
+    /// `STDIN` for a `PUT` or an exec (queued for its stdin thread, never blocking here;
+    /// acknowledged to this connection).
     fn stdin(&mut self, id: u32, data: &[u8]) -> Result<(), String> {
-        let h = self.h;
         if let Some(FileOp::Put(p)) = self.files.get_mut(&id) {
             if !p.failed
-                && let Err(e) = p.data(h.root, data)
+                && let Err(e) = p.data(self.h.root, data)
             {
-                p.fail(h, id, e);
+                p.fail(&self.link, id, e);
             }
-            h.send_u32(STDIN_ACK, id, data.len() as u32);
+            self.link.send_u32(STDIN_ACK, id, data.len() as u32);
             return Ok(());
         }
-        let Some(ex) = h.exec(id) else {
+        let Some(ex) = self.h.exec(id) else {
             return Ok(()); // Over (after EXIT nothing is sent): dropped.
         };
         let mut st = lock(&ex.st);
         if st.done {
             return Ok(());
         }
+        st.stdin_taken += data.len() as u64;
         if !st.piped || st.eof {
-            h.send_u32(STDIN_ACK, id, data.len() as u32);
+            self.link.send_u32(STDIN_ACK, id, data.len() as u32);
             return Ok(());
         }
         st.queued += data.len();
         if st.queued > STDIN_QUEUE_LIMIT {
             return Err(format!("exec {id}: stdin window exceeded"));
         }
-        st.queue.push_back(data.to_vec());
+        st.queue.push_back((data.to_vec(), self.link.clone()));
         drop(st);
         ex.cv.notify_all();
         Ok(())
@@ -216,7 +233,6 @@ impl Conn {
 
     /// `STDIN_EOF`: the end of a `PUT` (`DONE`) or of an exec's stdin.
     fn stdin_eof(&mut self, id: u32) {
-        let h = self.h;
         if matches!(self.files.get(&id), Some(FileOp::Put(_)))
             && let Some(FileOp::Put(mut p)) = self.files.remove(&id)
         {
@@ -227,57 +243,57 @@ impl Conn {
                 Some(pf) => {
                     let rel = pf.rel.clone();
                     pf.abandon();
-                    h.send_file_error(id, FileError::Invalid, &rel, "short data");
+                    self.link
+                        .send_file_error(id, FileError::Invalid, &rel, "short data");
                 }
-                None => h.send_empty(DONE, id),
+                None => self.link.send_empty(DONE, id),
             }
             return;
         }
-        if let Some(ex) = h.exec(id) {
+        if let Some(ex) = self.h.exec(id) {
             lock(&ex.st).eof = true;
             ex.cv.notify_all();
         }
     }
 
-    /// `DISCARD`: an exec stops sending output (its pipes are drained, its `EXIT` still
-    /// follows); a `GET` is abandoned without another frame. Unknown ids are ignored.
+    /// `DISCARD`: a `GET` is abandoned without another frame; an exec attached here
+    /// stops sending output here (see [`Helper::discard_exec`]). Unknown ids are ignored.
     fn discard(&mut self, id: u32) {
         if let Some(FileOp::Get(flow)) = self.files.get(&id) {
             flow.discard();
             self.files.remove(&id);
             return;
         }
-        if let Some(ex) = self.h.exec(id) {
-            ex.flow.discard();
-        }
+        self.h.discard_exec(&self.link, id);
     }
 
-    /// `KILL` (which implies `DISCARD`), on a thread of its own.
+    /// `KILL` (which implies `DISCARD`), on a thread of its own; `KILLED` comes here.
     fn kill(&mut self, id: u32) {
         let h = self.h;
         self.discard(id);
         if h.exec(id).is_none() {
-            h.send_empty(KILLED, id);
+            self.link.send_empty(KILLED, id);
             return;
         }
-        if !start_thread("kill", move || h.kill_exec(id)) {
-            h.kill_exec(id);
+        let link = self.link.clone();
+        if !start_thread("kill", move || h.kill_exec(id, &link)) {
+            h.kill_exec(id, &self.link);
         }
     }
 
     /// `PUT`: the base directory must exist.
     fn put(&mut self, id: u32, path: Vec<u8>) {
         self.sweep();
-        let h = self.h;
         if self.in_use(id) {
-            h.send_file_error(id, FileError::Other, b"", "id already in use");
+            self.link
+                .send_file_error(id, FileError::Other, b"", "id already in use");
             return;
         }
         let put = match Put::start(&path) {
             Ok(put) => put,
             Err(failure) => {
                 let mut put = Put::failed_with(None);
-                put.fail(h, id, failure);
+                put.fail(&self.link, id, failure);
                 put
             }
         };
@@ -286,7 +302,7 @@ impl Conn {
 
     /// `ENTRY` of a `PUT`.
     fn entry(&mut self, id: u32, e: Entry) {
-        let h = self.h;
+        let root = self.h.root;
         let Some(FileOp::Put(p)) = self.files.get_mut(&id) else {
             return;
         };
@@ -295,32 +311,33 @@ impl Conn {
         }
         let r = match &p.file {
             Some(prev) => Err((FileError::Invalid, prev.rel.clone(), "short data".into())),
-            None => p.apply(h.root, e),
+            None => p.apply(root, e),
         };
         if let Err(err) = r {
-            p.fail(h, id, err);
+            p.fail(&self.link, id, err);
         }
     }
 
     /// `GET`, on a thread of its own.
     fn get(&mut self, id: u32, path: Vec<u8>) {
         self.sweep();
-        let h = self.h;
         if self.in_use(id) {
-            h.send_file_error(id, FileError::Other, b"", "id already in use");
+            self.link
+                .send_file_error(id, FileError::Other, b"", "id already in use");
             return;
         }
         let flow = Arc::new(Flow::new());
         self.files.insert(id, FileOp::Get(flow.clone()));
         let f = flow.clone();
+        let link = self.link.clone();
         let started = start_thread("get", move || {
             // The last frame, unless discarded meanwhile (it costs no credit).
-            match files::get_tree(h, id, &path, &f) {
+            match files::get_tree(&link, id, &path, &f) {
                 Ok(()) => {
-                    f.send(h, Enc::frame(DONE, id).finish(), 0);
+                    f.send(&link, Enc::frame(DONE, id).finish(), 0);
                 }
                 Err(GetEnd::Failed(kind, rel, msg)) => {
-                    f.send(h, file_error_frame(id, kind, &rel, &msg), 0);
+                    f.send(&link, file_error_frame(id, kind, &rel, &msg), 0);
                 }
                 Err(GetEnd::Discarded) => {}
             }
@@ -328,7 +345,8 @@ impl Conn {
         });
         if !started {
             self.files.remove(&id);
-            h.send_file_error(id, FileError::Other, b"", "cannot start a thread");
+            self.link
+                .send_file_error(id, FileError::Other, b"", "cannot start a thread");
         }
     }
 }
@@ -341,12 +359,31 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::proto::{FILE_ERROR, REGULAR, SPAWN_ERROR};
+    use crate::exec::Exec;
+    use crate::proto::{ATTACHED, EXECS, FILE_ERROR, GONE, PROTOCOL_ERROR, REGULAR, SPAWN_ERROR};
     use crate::testing::{Frame, TempDir};
 
-    fn conn(dir: &TempDir) -> (Conn, &'static Helper) {
+    /// What a test looks at besides the connection: the helper and the frames queued
+    /// for this connection.
+    struct Peer {
+        h: &'static Helper,
+        link: Arc<Link>,
+    }
+
+    impl Peer {
+        fn take_frames(&self) -> Vec<Frame> {
+            self.link.take_frames()
+        }
+
+        fn exec(&self, id: u32) -> Option<Arc<Exec>> {
+            self.h.exec(id)
+        }
+    }
+
+    fn conn(dir: &TempDir) -> (Conn, Peer) {
         let h = Helper::leaked(false, dir.path());
-        (Conn::new(h), h)
+        let link = Arc::new(Link::new(None));
+        (Conn::new(h, link.clone()), Peer { h, link })
     }
 
     fn path_payload(p: &Path) -> Vec<u8> {
@@ -388,8 +425,9 @@ mod tests {
         let f = h.take_frames();
         assert_eq!((f[0].kind, f[0].id), (PONG, 77));
         assert_eq!(c.handle(200, 1, b"").unwrap_err(), "unknown frame kind 200");
-        // A CREDIT needs its u32; a SPAWN, a PUT, a GET and an ENTRY their fields.
-        for kind in [CREDIT, SPAWN, PUT, GET, ENTRY] {
+        // A CREDIT needs its u32; a SPAWN, a PUT, a GET, an ENTRY and an ATTACH their
+        // fields.
+        for kind in [CREDIT, SPAWN, PUT, GET, ENTRY, ATTACH] {
             let err = c.handle(kind, 1, &[1, 2]).unwrap_err();
             assert!(err.starts_with(&format!("frame kind {kind}: ")), "{err}");
         }
@@ -404,6 +442,7 @@ mod tests {
         c.handle(STDIN_EOF, 5, b"").unwrap();
         c.handle(CREDIT, 5, &10u32.to_le_bytes()).unwrap();
         c.handle(DISCARD, 5, b"").unwrap();
+        c.handle(RELEASE, 5, b"").unwrap();
         assert!(h.take_frames().is_empty());
         c.handle(KILL, 5, b"").unwrap();
         let f = h.take_frames();
@@ -513,6 +552,7 @@ mod tests {
         let f = h.take_frames();
         assert_eq!(f.len(), 3, "{f:?}");
         assert_eq!(f[0].kind, SPAWN_ERROR);
+        assert_eq!(SpawnError::from_u8(f[0].payload[0]), SpawnError::IdInUse);
         for f in &f {
             let mut d = f.dec();
             d.u8().unwrap();
@@ -583,9 +623,9 @@ mod tests {
     fn stdin_beyond_the_window_is_a_protocol_error() {
         let dir = TempDir::new();
         let (mut c, h) = conn(&dir);
-        let (ex, _theirs, _reader, _wake) = crate::exec::Exec::for_tests(11, true);
+        let (ex, _theirs, _reader, _wake) = Exec::for_tests(11, true);
         let ex = Arc::new(ex);
-        h.register_for_tests(&ex, i32::MAX);
+        h.h.register_for_tests(&ex, i32::MAX);
         let chunk = vec![0u8; STDIN_WINDOW as usize];
         for _ in 0..4 {
             c.handle(STDIN, 11, &chunk).unwrap();
@@ -595,6 +635,13 @@ mod tests {
             c.handle(STDIN, 11, b"x").unwrap_err(),
             "exec 11: stdin window exceeded"
         );
+        // Queued with the connection that sent it (its STDIN_ACK goes there).
+        assert!(
+            lock(&ex.st)
+                .queue
+                .iter()
+                .all(|(_, from)| Arc::ptr_eq(from, &h.link))
+        );
         // A STDIN_EOF is recorded for the stdin thread; later data is acknowledged and
         // dropped.
         c.handle(STDIN_EOF, 11, b"").unwrap();
@@ -603,13 +650,85 @@ mod tests {
         c.handle(STDIN, 11, b"late").unwrap();
         let f = h.take_frames();
         assert_eq!((f[0].kind, f[0].u32()), (STDIN_ACK, 4));
-        // A credit and a discard reach the exec's flow.
-        c.handle(CREDIT, 11, &5u32.to_le_bytes()).unwrap();
         assert_eq!(
-            ex.flow.wait_credit(0),
-            Some(u64::from(crate::proto::INITIAL_CREDIT) + 5)
+            lock(&ex.st).stdin_taken,
+            4 * u64::from(STDIN_WINDOW) + 1 + 4
         );
-        c.handle(DISCARD, 11, b"").unwrap();
-        assert_eq!(ex.flow.wait_credit(0), None);
+    }
+
+    #[test]
+    fn credit_and_discard_of_an_exec_count_only_from_the_connection_attached() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        let (ex, _theirs, _reader, _wake) = Exec::for_tests(12, false);
+        let ex = Arc::new(ex);
+        h.h.register_for_tests(&ex, i32::MAX);
+        let initial = u64::from(crate::proto::INITIAL_CREDIT);
+        // Not attached here: ignored.
+        c.handle(CREDIT, 12, &5u32.to_le_bytes()).unwrap();
+        c.handle(DISCARD, 12, b"").unwrap();
+        assert_eq!(lock(&ex.st).out.credit(), initial);
+        assert!(!lock(&ex.st).discarded);
+        ex.attach_for_tests(&h.link);
+        c.handle(CREDIT, 12, &5u32.to_le_bytes()).unwrap();
+        assert_eq!(lock(&ex.st).out.credit(), initial + 5);
+        c.handle(DISCARD, 12, b"").unwrap();
+        assert!(lock(&ex.st).discarded);
+        assert!(h.take_frames().is_empty());
+    }
+
+    #[test]
+    fn attach_list_and_release_are_answered_here() {
+        let dir = TempDir::new();
+        let (mut c, h) = conn(&dir);
+        c.handle(ATTACH, 20, &7u64.to_le_bytes()).unwrap();
+        c.handle(LIST, 21, b"").unwrap();
+        let f = h.take_frames();
+        assert_eq!((f[0].kind, f[0].id), (GONE, 20));
+        assert_eq!((f[1].kind, f[1].id, f[1].u32()), (EXECS, 21, 0));
+        let (ex, _theirs, _reader, _wake) = Exec::for_tests(20, false);
+        let ex = Arc::new(ex);
+        h.h.register_for_tests(&ex, i32::MAX);
+        c.handle(ATTACH, 20, &0u64.to_le_bytes()).unwrap();
+        let f = h.take_frames();
+        assert_eq!((f[0].kind, f[0].id), (ATTACHED, 20));
+        assert!(lock(&ex.st).attached_to(&h.link));
+        // Attached here: its id is this connection's, no file operation may take it.
+        c.handle(GET, 20, &path_payload(dir.path())).unwrap();
+        assert_eq!(file_error(&h.take_frames()[0]).0, FileError::Other);
+        // Released while it runs: kept until it is over.
+        c.handle(RELEASE, 20, b"").unwrap();
+        assert!(lock(&ex.st).released && !lock(&ex.st).gone);
+    }
+
+    #[test]
+    fn the_reader_ends_with_the_stream_or_at_a_malformed_frame() {
+        let dir = TempDir::new();
+        // A PING, then the end: 0.
+        let (c, h) = conn(&dir);
+        let (r, mut w) = std::io::pipe().unwrap();
+        let mut ping = Enc::frame(PING, 3).finish();
+        // Split across reads.
+        std::io::Write::write_all(&mut w, &ping[..4]).unwrap();
+        let t = std::thread::spawn(move || c.run(File::from(std::os::fd::OwnedFd::from(r))));
+        std::thread::sleep(Duration::from_millis(50));
+        std::io::Write::write_all(&mut w, &ping.split_off(4)).unwrap();
+        drop(w);
+        assert_eq!(t.join().unwrap(), 0);
+        let f = h.take_frames();
+        assert_eq!((f.len(), f[0].kind, f[0].id), (1, PONG, 3));
+        // A frame length out of range: PROTOCOL_ERROR, 2.
+        let (c, h) = conn(&dir);
+        let (r, mut w) = std::io::pipe().unwrap();
+        std::io::Write::write_all(&mut w, &[1, 0, 0, 0, PING]).unwrap();
+        assert_eq!(c.run(File::from(std::os::fd::OwnedFd::from(r))), 2);
+        let f = h.take_frames();
+        assert_eq!((f.len(), f[0].kind), (1, PROTOCOL_ERROR));
+        // An unknown kind: the same.
+        let (c, h) = conn(&dir);
+        let (r, mut w) = std::io::pipe().unwrap();
+        std::io::Write::write_all(&mut w, &Enc::frame(99, 0).finish()).unwrap();
+        assert_eq!(c.run(File::from(std::os::fd::OwnedFd::from(r))), 2);
+        assert_eq!(h.take_frames()[0].kind, PROTOCOL_ERROR);
     }
 }

@@ -1,27 +1,27 @@
-//! Execs: the registry of live execs and their shepherds, a `SPAWN` resolved into a
-//! plan and started under a shepherd of its own, the reaper of every child, and kills.
-//! An exec's output and stdin threads are in `streams.rs`.
+//! Execs: the registry of execs (each with its record) and their shepherds, a `SPAWN`
+//! started under a shepherd of its own, the reaper of every child, and kills. The plan
+//! of a spawn is in `plan.rs`, an exec's output and stdin threads in `streams.rs`, its
+//! record's life across connections in `durable.rs`.
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{OsStr, OsString};
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, ErrorKind, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::flow::Flow;
-use crate::proto::{Dec, Enc, KILL_GRACE_MS, KILLED, STARTED, Spawn, SpawnError};
-use crate::sys::{self, EACCES, ECHILD, ENOENT, ENOTDIR, EPERM};
-use crate::users::{Creds, can_search_as, find_program, resolve_user};
+use crate::link::Link;
+use crate::proto::{
+    Dec, Enc, GONE, INFO_ARG_BYTES, INFO_ARGS, KILL_GRACE_MS, KILLED, MAX_RECORDS, STARTED, Spawn,
+    SpawnError,
+};
+use crate::record::Output;
+use crate::sys::{self, ECHILD};
 use crate::{Helper, diag, lock, shepherd, spawn_error_kind, start_thread, wait};
 
 /// How long a shepherd may take to answer a plan (it starts the command and answers at
@@ -30,19 +30,23 @@ const SHEPHERD_ANSWER: Duration = Duration::from_secs(8);
 /// How long a kill waits for the exec's shepherd to confirm that its processes are gone
 /// (its graceful kill takes about `KILL_GRACE_MS`; the host waits 4 s for `KILLED`).
 const KILL_CONFIRM: Duration = Duration::from_millis(KILL_GRACE_MS + 2500);
-/// How long an exiting helper waits for the shepherds of live execs to kill them.
-const SHUTDOWN_KILL: Duration = Duration::from_secs(3);
+/// How long the end of a connection (or of the one-connection helper) waits for the
+/// shepherds of the execs it kills at once.
+pub(crate) const SHUTDOWN_KILL: Duration = Duration::from_secs(3);
 
 /// The execs the helper knows.
 #[derive(Default)]
 pub(crate) struct Registry {
-    /// By id, until forgotten: once its `EXIT` was sent and its shepherd exited (no
-    /// process of it is left), or at once when its spawn failed.
-    execs: HashMap<u32, Arc<Exec>>,
+    /// By id: every record, and, after its record was forgotten, an exec whose shepherd
+    /// still lives (a background process of it runs: a `KILL` still reaches it, and its
+    /// id stays in use). Removed once both are over, or at once when its spawn failed.
+    pub(crate) execs: HashMap<u32, Arc<Exec>>,
     /// Shepherds not reaped yet: pid → exec id ([`SPARE`] for the spare).
     shepherds: HashMap<i32, u32>,
     /// Bumped on every spawn.
     spawned: u64,
+    /// Bumped on every exec: the order records were made in.
+    seq: u64,
     /// A shepherd started ahead, waiting for its plan: the next exec takes it, so that
     /// starting the shepherd is not on any exec's way.
     spare: Option<Shepherd>,
@@ -50,6 +54,52 @@ pub(crate) struct Registry {
 
 /// The exec id a spare shepherd is registered under (0 is the connection: never an exec).
 const SPARE: u32 = 0;
+
+impl Registry {
+    /// Forgets `ex`'s record: no more frames of it, a later `ATTACH` is `GONE`, `LIST`
+    /// no longer shows it, its retained output is freed. The exec itself is removed once
+    /// its shepherd was reaped (at once if it was).
+    pub(crate) fn forget(&mut self, ex: &Exec, st: &mut ExecState) {
+        st.gone = true;
+        st.link = None;
+        st.deadline = None;
+        st.out = Output::new(0);
+        if st.shepherd_status.is_some() && self.execs.get(&ex.id).is_some_and(|e| e.seq == ex.seq) {
+            self.execs.remove(&ex.id);
+        }
+    }
+
+    /// Records not forgotten.
+    fn records(&self) -> usize {
+        self.execs.values().filter(|ex| !lock(&ex.st).gone).count()
+    }
+
+    /// Makes room for one more record: at `cap` ([`MAX_RECORDS`]), exited detached
+    /// records whose `EXIT` went out (or that nobody is attached to) are forgotten,
+    /// oldest first. False when that is not enough.
+    fn make_room(&mut self, cap: usize) -> bool {
+        let n = self.records();
+        if n < cap {
+            return true;
+        }
+        let mut old: Vec<Arc<Exec>> = self
+            .execs
+            .values()
+            .filter(|ex| {
+                let st = lock(&ex.st);
+                ex.detach && !st.gone && st.done && (st.exit_sent || st.link.is_none())
+            })
+            .cloned()
+            .collect();
+        old.sort_by_key(|ex| ex.seq);
+        let need = n + 1 - cap;
+        for ex in old.iter().take(need) {
+            let mut st = lock(&ex.st);
+            self.forget(ex, &mut st);
+        }
+        old.len() >= need
+    }
+}
 
 /// A shepherd started, not yet given a plan: its pid, the helper's end of its control
 /// channel, and the helper's ends of the pipes its command will get.
@@ -61,53 +111,171 @@ struct Shepherd {
     stderr: File,
 }
 
-/// A live exec.
+/// An exec and its record.
 pub(crate) struct Exec {
     pub(crate) id: u32,
+    /// Its place in the order execs were made (tells an exec from a later one of the
+    /// same id).
+    pub(crate) seq: u64,
     /// Its shepherd (the session leader of the exec's processes).
     pub(crate) shepherd: i32,
     /// The helper's end of the shepherd's control channel, for kill orders (the output
     /// thread reads a clone of it).
     ctl: Mutex<UnixStream>,
-    /// Output credit.
-    pub(crate) flow: Flow,
     pub(crate) st: Mutex<ExecState>,
     /// Signalled on any change of `st`.
     pub(crate) cv: Condvar,
-    /// Written once the command's status is known, to wake the output thread's poll.
+    /// Written (non-blocking) to wake the output thread's poll: the command's status is
+    /// known, or its record has room again.
     wake: io::PipeWriter,
     /// A terminal exec's terminal (its master side), for `RESIZE`.
     pub(crate) tty: Option<File>,
+    /// Spawned detached: runs on without a connection.
+    pub(crate) detach: bool,
+    /// How long it outlives the end of its connection ([`Spawn::grace_ms`]).
+    pub(crate) grace: Duration,
+    /// What `LIST` shows of its command.
+    pub(crate) argv: Vec<Vec<u8>>,
+    /// When it was spawned, milliseconds since the epoch.
+    pub(crate) started_ms: u64,
 }
 
 /// The mutable part of an exec.
-#[derive(Default)]
 pub(crate) struct ExecState {
     /// Wait status of the command, once its shepherd reported it.
     pub(crate) status: Option<i32>,
     /// Wait status of the shepherd, once reaped: none of the exec's processes is left.
     pub(crate) shepherd_status: Option<i32>,
     /// `STARTED` was sent: the threads may send frames.
-    started: bool,
+    pub(crate) started: bool,
     /// The command's pid, once started.
     pub(crate) root: Option<i32>,
-    /// `EXIT` was sent (or the spawn was abandoned): no more frames.
+    /// Over: its output thread ended (status known, output drained: `exit` is set), or
+    /// its spawn was abandoned.
     pub(crate) done: bool,
     /// Stdin is a pipe (else `/dev/null`).
     pub(crate) piped: bool,
-    /// `STDIN` data not written yet, and its size.
-    pub(crate) queue: VecDeque<Vec<u8>>,
+    /// `STDIN` data not written yet, each with the connection it came from (which gets
+    /// its `STDIN_ACK`), and its size.
+    pub(crate) queue: VecDeque<(Vec<u8>, Arc<Link>)>,
     pub(crate) queued: usize,
     /// `STDIN_EOF` received.
     pub(crate) eof: bool,
+    /// Stdin bytes taken so far (queued, or acknowledged and dropped).
+    pub(crate) stdin_taken: u64,
+    /// The retained output, its offsets and the attached connection's credit.
+    pub(crate) out: Output,
+    /// The connection attached: every frame of the exec goes there (`None`: output is
+    /// retained, nothing is sent).
+    pub(crate) link: Option<Arc<Link>>,
+    /// `DISCARD` (or `KILL`) of a non-detached exec: its output is read and dropped.
+    pub(crate) discarded: bool,
+    /// `EXIT`'s kind and value, once the command's status is known and its output was
+    /// drained.
+    pub(crate) exit: Option<(u8, i32)>,
+    /// `EXIT` went out to the attached connection.
+    pub(crate) exit_sent: bool,
+    /// `RELEASE` came: forgotten once over.
+    pub(crate) released: bool,
+    /// The record was forgotten (the exec stays only while its shepherd lives).
+    pub(crate) gone: bool,
+    /// Unattached, not detached: killed (running) or forgotten (over) at this time
+    /// unless an `ATTACH` comes first.
+    pub(crate) deadline: Option<Instant>,
+    /// Its deadline passed: forgotten once over.
+    pub(crate) expired: bool,
+    /// The output thread waits for room in the record (to be woken when there is).
+    pub(crate) starved: bool,
+}
+
+impl ExecState {
+    /// A new exec's state: attached to `link` (the connection that spawned it).
+    pub(crate) fn new(piped: bool, keep: u32, link: Option<Arc<Link>>) -> ExecState {
+        ExecState {
+            status: None,
+            shepherd_status: None,
+            started: false,
+            root: None,
+            done: false,
+            piped,
+            queue: VecDeque::new(),
+            queued: 0,
+            eof: false,
+            stdin_taken: 0,
+            out: Output::new(keep),
+            link,
+            discarded: false,
+            exit: None,
+            exit_sent: false,
+            released: false,
+            gone: false,
+            deadline: None,
+            expired: false,
+            starved: false,
+        }
+    }
+
+    /// Whether `link` is the connection attached.
+    pub(crate) fn attached_to(&self, link: &Arc<Link>) -> bool {
+        self.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link))
+    }
+
+    /// Output bytes the output thread may read now.
+    pub(crate) fn room(&self) -> usize {
+        self.out.room(self.link.is_some() && !self.discarded)
+    }
 }
 
 impl Exec {
+    /// A new exec of `sp` (its shepherd `shepherd`), attached to `link`.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        id: u32,
+        seq: u64,
+        sp: &Spawn,
+        shepherd: i32,
+        ctl: UnixStream,
+        wake: io::PipeWriter,
+        tty: Option<File>,
+        link: &Arc<Link>,
+    ) -> Exec {
+        let started_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Exec {
+            id,
+            seq,
+            shepherd,
+            ctl: Mutex::new(ctl),
+            st: Mutex::new(ExecState::new(sp.stdin_piped, sp.keep, Some(link.clone()))),
+            cv: Condvar::new(),
+            wake,
+            tty,
+            detach: sp.detach,
+            grace: Duration::from_millis(sp.grace_ms.into()),
+            argv: info_argv(&sp.argv),
+            started_ms,
+        }
+    }
+
+    /// Wakes the output thread's poll (never blocks: a full pipe holds a wake already).
+    pub(crate) fn kick(&self) {
+        let _ = (&self.wake).write(&[1]);
+    }
+
+    /// Wakes the output thread if it waits for room and there is some now.
+    pub(crate) fn kick_if_starved(&self, st: &mut ExecState) {
+        if st.starved && st.room() > 0 {
+            st.starved = false;
+            self.kick();
+        }
+    }
+
     /// The command's status is known: record it and wake the output thread.
     pub(crate) fn reaped(&self, status: i32) {
         lock(&self.st).status = Some(status);
         self.cv.notify_all();
-        let _ = (&self.wake).write(&[1]);
+        self.kick();
     }
 
     /// The command's wait status, once known.
@@ -116,7 +284,7 @@ impl Exec {
     }
 
     /// Orders the shepherd to kill the exec's processes (errors mean it is gone).
-    fn order_kill(&self, immediate: bool) {
+    pub(crate) fn order_kill(&self, immediate: bool) {
         let _ = lock(&self.ctl).write_all(&shepherd::kill_frame(immediate));
     }
 
@@ -137,7 +305,7 @@ impl Exec {
         true
     }
 
-    /// `EXIT` was sent (or the spawn abandoned).
+    /// The exec is over (its output thread ended, or its spawn was abandoned).
     pub(crate) fn is_done(&self) -> bool {
         lock(&self.st).done
     }
@@ -152,32 +320,59 @@ impl Exec {
     }
 }
 
+/// What `LIST` shows of a command: at most [`INFO_ARGS`] arguments of at most
+/// [`INFO_ARG_BYTES`] each.
+pub(crate) fn info_argv(argv: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    argv.iter()
+        .take(INFO_ARGS)
+        .map(|a| a[..a.len().min(INFO_ARG_BYTES)].to_vec())
+        .collect()
+}
+
 #[cfg(test)]
 impl Exec {
-    /// An exec with no process behind it, for unit tests. Its shepherd's pid is one no
-    /// process can have (above any `pid_max`), so nothing is ever signalled. Also returns
-    /// the shepherd's end of the control channel, a clone of the helper's end (what the
-    /// output thread reads) and the read end of the wake pipe.
+    /// An exec with no process behind it, for unit tests, attached to nothing. Its
+    /// shepherd's pid is one no process can have (above any `pid_max`), so nothing is
+    /// ever signalled. Also returns the shepherd's end of the control channel, a clone
+    /// of the helper's end (what the output thread reads) and the read end of the wake
+    /// pipe.
     pub(crate) fn for_tests(
         id: u32,
         piped: bool,
     ) -> (Exec, UnixStream, UnixStream, io::PipeReader) {
+        Exec::for_tests_with(id, piped, false, 0)
+    }
+
+    /// [`Exec::for_tests`] of a detached exec, or one with a grace and a `keep`.
+    pub(crate) fn for_tests_with(
+        id: u32,
+        piped: bool,
+        detach: bool,
+        keep: u32,
+    ) -> (Exec, UnixStream, UnixStream, io::PipeReader) {
         let (mine, theirs) = UnixStream::pair().expect("a socket pair");
         let reader = mine.try_clone().expect("a clone");
         let (wake_r, wake_w) = io::pipe().expect("a pipe");
-        let ex = Exec {
-            id,
-            shepherd: i32::MAX,
-            ctl: Mutex::new(mine),
-            flow: Flow::new(),
-            st: Mutex::new(ExecState {
-                piped,
-                ..ExecState::default()
-            }),
-            cv: Condvar::new(),
-            wake: wake_w,
-            tty: None,
+        sys::set_nonblocking(wake_w.as_raw_fd()).expect("a non-blocking pipe");
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 40);
+        let sp = Spawn {
+            argv: vec![b"test".to_vec()],
+            stdin_piped: piped,
+            detach,
+            keep,
+            ..Spawn::default()
         };
+        let mut ex = Exec::new(
+            id,
+            SEQ.fetch_add(1, Ordering::Relaxed),
+            &sp,
+            i32::MAX,
+            mine,
+            wake_w,
+            None,
+            &Arc::new(Link::new(None)),
+        );
+        ex.st.get_mut().unwrap().link = None;
         (ex, theirs, reader, wake_r)
     }
 
@@ -185,6 +380,11 @@ impl Exec {
     pub(crate) fn started_for_tests(&self) {
         lock(&self.st).started = true;
         self.cv.notify_all();
+    }
+
+    /// Attaches `link` (as a spawn or an `ATTACH` would).
+    pub(crate) fn attach_for_tests(&self, link: &Arc<Link>) {
+        lock(&self.st).link = Some(link.clone());
     }
 }
 
@@ -199,21 +399,26 @@ impl Helper {
 }
 
 impl Helper {
-    /// An exec not forgotten yet.
+    /// An exec not removed yet (its record may be forgotten: see [`ExecState::gone`]).
     pub(crate) fn exec(&self, id: u32) -> Option<Arc<Exec>> {
         lock(&self.reg).execs.get(&id).cloned()
     }
 
     // ---- spawn -------------------------------------------------------------------------
 
-    /// Spawns an exec (its shepherd, which starts the command) and its threads;
-    /// `STARTED` is sent here. The shepherd is the spare when one is ready (then a new
-    /// spare is started once this exec started), else a new one.
+    /// Spawns an exec (its shepherd, which starts the command) and its threads, attached
+    /// to `link` (which gets `STARTED` or `SPAWN_ERROR`). The shepherd is the spare when
+    /// one is ready (then a new spare is started once this exec started), else a new one.
     pub(crate) fn start_exec(
         &'static self,
         id: u32,
         sp: &Spawn,
+        link: &Arc<Link>,
     ) -> Result<(), (SpawnError, String)> {
+        let in_use = || (SpawnError::IdInUse, "id already in use".to_string());
+        if self.exec(id).is_some() {
+            return Err(in_use());
+        }
         let plan = self.plan(sp)?;
         let res = |e: io::Error| (spawn_error_kind(&e, false), e.to_string());
         let owner = plan.switch.as_ref().map(|c| c.uid);
@@ -247,12 +452,22 @@ impl Helper {
             None => (None, None, None),
         };
         let (wake_r, wake_w) = io::pipe().map_err(res)?;
+        sys::set_nonblocking(wake_w.as_raw_fd()).map_err(res)?;
         let (ex, shepherd) = {
             // The registry stays locked from taking (or starting) the shepherd to the
             // exec's registration, so the reaper cannot reap it before.
             let mut r = lock(&self.reg);
             if self.stopping.load(Ordering::SeqCst) {
                 return Err((SpawnError::Other, "the helper is exiting".into()));
+            }
+            if r.execs.contains_key(&id) {
+                return Err(in_use());
+            }
+            if !r.make_room(MAX_RECORDS) {
+                return Err((
+                    SpawnError::Resources,
+                    format!("the helper holds {MAX_RECORDS} exec records (release some)"),
+                ));
             }
             let shepherd = match r.spare.take() {
                 // Still registered as the spare: not reaped (a process of the run may
@@ -271,19 +486,17 @@ impl Helper {
                 })?,
             };
             let ctl = shepherd.ctl.try_clone().map_err(res)?;
-            let ex = Arc::new(Exec {
+            r.seq += 1;
+            let ex = Arc::new(Exec::new(
                 id,
-                shepherd: shepherd.pid,
-                ctl: Mutex::new(ctl),
-                flow: Flow::new(),
-                st: Mutex::new(ExecState {
-                    piped: sp.stdin_piped,
-                    ..ExecState::default()
-                }),
-                cv: Condvar::new(),
-                wake: wake_w,
-                tty: master,
-            });
+                r.seq,
+                sp,
+                shepherd.pid,
+                ctl,
+                wake_w,
+                master,
+                link,
+            ));
             r.execs.insert(id, ex.clone());
             r.shepherds.insert(shepherd.pid, id);
             (ex, shepherd)
@@ -310,16 +523,22 @@ impl Helper {
         // for the answer's bound.
         let started = {
             let ex = ex.clone();
+            let link = link.clone();
             start_thread("spawn", move || {
-                self.finish_spawn(id, &ex, mine, order, stdin, pipes, wake_r);
+                let s = Spawned {
+                    mine,
+                    order,
+                    stdin,
+                    pipes,
+                    wake_r,
+                };
+                self.finish_spawn(&ex, &link, s);
                 self.refill_spare();
             })
         };
         if !started {
-            lock(&ex.st).done = true;
-            ex.cv.notify_all();
-            ex.order_kill(true);
-            lock(&self.reg).execs.remove(&id);
+            // The caller answers with the error.
+            self.abandon(&ex, link, None);
             return Err((SpawnError::Resources, "cannot start a thread".into()));
         }
         Ok(())
@@ -379,20 +598,43 @@ impl Helper {
         })
     }
 
+    /// The spawn failed: `SPAWN_ERROR` to `spawner` first (when `error` is given), then
+    /// the exec is over (a kill waiting for the spawn answers after it), its shepherd
+    /// killed and the exec removed. Another connection that attached to it meanwhile
+    /// gets `GONE`.
+    fn abandon(&self, ex: &Exec, spawner: &Arc<Link>, error: Option<(SpawnError, &str)>) {
+        if let Some((kind, msg)) = error {
+            spawner.send_spawn_error(ex.id, kind, msg);
+        }
+        {
+            let mut r = lock(&self.reg);
+            let mut st = lock(&ex.st);
+            st.done = true;
+            if let Some(other) = st.link.take()
+                && !Arc::ptr_eq(spawner, &other)
+            {
+                other.send_empty(GONE, ex.id);
+            }
+            st.gone = true;
+            if r.execs.get(&ex.id).is_some_and(|e| e.seq == ex.seq) {
+                r.execs.remove(&ex.id);
+            }
+        }
+        ex.cv.notify_all();
+        ex.order_kill(true);
+    }
+
     /// Sends the shepherd its order, waits (bounded) for its answer, starts the exec's
     /// threads and sends `STARTED`; on a failure sends `SPAWN_ERROR` and abandons the exec
     /// (its shepherd killed).
-    #[allow(clippy::too_many_arguments)]
-    fn finish_spawn(
-        &'static self,
-        id: u32,
-        ex: &Arc<Exec>,
-        mine: UnixStream,
-        order: Vec<u8>,
-        stdin: Option<File>,
-        pipes: [Option<File>; 2],
-        wake_r: io::PipeReader,
-    ) {
+    fn finish_spawn(&'static self, ex: &Arc<Exec>, link: &Arc<Link>, s: Spawned) {
+        let Spawned {
+            mine,
+            order,
+            stdin,
+            pipes,
+            wake_r,
+        } = s;
         let mut reader = mine;
         let answer = reader
             .set_write_timeout(Some(SHEPHERD_ANSWER))
@@ -400,15 +642,7 @@ impl Helper {
             .and_then(|()| reader.write_all(&order))
             .and_then(|()| shepherd::read_frame(&mut reader));
         drop(order);
-        // SPAWN_ERROR first, then the exec is over: a kill waiting for the spawn to end
-        // answers after it.
-        let abandon = |kind: SpawnError, msg: String| {
-            self.send_spawn_error(id, kind, &msg);
-            lock(&ex.st).done = true;
-            ex.cv.notify_all();
-            ex.order_kill(true);
-            lock(&self.reg).execs.remove(&id);
-        };
+        let abandon = |kind: SpawnError, msg: String| self.abandon(ex, link, Some((kind, &msg)));
         let root = match answer {
             Ok(Some((shepherd::STARTED, p))) if p.len() == 4 => {
                 u32::from_le_bytes([p[0], p[1], p[2], p[3]])
@@ -441,114 +675,11 @@ impl Helper {
         }
         {
             let mut st = lock(&ex.st);
-            self.send_u32(STARTED, id, root);
+            link.send_u32(STARTED, ex.id, root);
             st.started = true;
             st.root = Some(root as i32);
         }
         ex.cv.notify_all();
-    }
-
-    /// Resolves user, environment, working directory and program of a `SPAWN`.
-    fn plan(&self, sp: &Spawn) -> Result<Plan, (SpawnError, String)> {
-        let Some(prog) = sp.argv.first() else {
-            return Err((SpawnError::Other, "empty argv".into()));
-        };
-        if prog.is_empty() {
-            return Err((SpawnError::NotFound, "empty program name".into()));
-        }
-        let creds = match &sp.user {
-            Some(u) => Some(resolve_user(u)?),
-            None => None,
-        };
-        let switch = match &creds {
-            Some(c) if self.root => Some(c.clone()),
-            Some(c) if c.uid == self.uid && c.gid == self.gid => None,
-            Some(c) => {
-                return Err((
-                    SpawnError::UserDenied,
-                    format!(
-                        "the helper runs as {}:{} and cannot switch to {}:{}",
-                        self.uid, self.gid, c.uid, c.gid
-                    ),
-                ));
-            }
-            None => None,
-        };
-
-        let mut env = self.base_env.clone();
-        let mut home_set = false;
-        for (k, v) in &sp.env {
-            home_set |= k.as_slice() == b"HOME";
-            set_env(&mut env, k, v);
-        }
-        if let (Some(c), false) = (&creds, home_set) {
-            set_env(&mut env, b"HOME", &c.home);
-        }
-
-        let dir = match &sp.working_dir {
-            Some(d) => self.cwd.join(OsStr::from_bytes(d)),
-            None => self.cwd.clone(),
-        };
-        let mut cwd = None;
-        if sp.working_dir.is_some() || switch.is_some() {
-            let shown = dir.display();
-            let m = fs::metadata(&dir).map_err(|e| {
-                let kind = match e.raw_os_error() {
-                    Some(ENOENT | ENOTDIR) => SpawnError::WorkingDirMissing,
-                    Some(EACCES | EPERM) => SpawnError::WorkingDirDenied,
-                    _ => SpawnError::Other,
-                };
-                (kind, format!("working directory {shown}: {e}"))
-            })?;
-            if !m.is_dir() {
-                return Err((
-                    SpawnError::WorkingDirMissing,
-                    format!("working directory {shown}: not a directory"),
-                ));
-            }
-            let enterable = match &switch {
-                Some(c) => can_search_as(&dir, c),
-                None => sys::can_execute(&dir),
-            };
-            if !enterable {
-                return Err((
-                    SpawnError::WorkingDirDenied,
-                    format!("working directory {shown}: permission denied"),
-                ));
-            }
-            if self.cwd_id != Some((m.dev(), m.ino())) {
-                cwd = Some(dir.clone());
-            }
-        }
-
-        // The program is resolved here, so std takes its posix_spawn path (it falls back to
-        // fork+exec for a bare name with a PATH of its own) and PATH is the exec's.
-        let program = if prog.contains(&b'/') {
-            dir.join(OsStr::from_bytes(prog))
-        } else {
-            let path = env
-                .iter()
-                .find(|(k, _)| k.as_bytes() == b"PATH")
-                .map(|(_, v)| v.as_bytes());
-            find_program(prog, path, &dir, switch.as_ref())?
-        };
-        Ok(Plan {
-            program,
-            env,
-            cwd,
-            switch,
-        })
-    }
-
-    /// After `EXIT`: forget the exec unless its shepherd (so some process of it) lives.
-    pub(crate) fn exec_finished(&self, id: u32) {
-        let mut r = lock(&self.reg);
-        if r.execs
-            .get(&id)
-            .is_some_and(|ex| lock(&ex.st).shepherd_status.is_some())
-        {
-            r.execs.remove(&id);
-        }
     }
 
     // ---- reaping and tracking ----------------------------------------------------------
@@ -573,8 +704,9 @@ impl Helper {
     }
 
     /// Reaps one exited child. A shepherd's exit means none of its exec's processes is
-    /// left: its exec is forgotten if its `EXIT` went out, and a kill waiting for it ends.
-    fn reap(&self, pid: i32) {
+    /// left: its exec is removed if its record was forgotten, and a kill waiting for it
+    /// ends.
+    pub(crate) fn reap(&self, pid: i32) {
         let mut r = lock(&self.reg);
         // Under the lock: a spawn in progress finishes (and registers its shepherd) first,
         // and a child std reaped itself (failed exec) is simply gone.
@@ -584,33 +716,42 @@ impl Helper {
         let Some(id) = r.shepherds.remove(&pid) else {
             return;
         };
-        let Some(ex) = r.execs.get(&id).cloned() else {
+        // Not a later exec of the same id (this one's spawn failed and was removed).
+        let Some(ex) = r.execs.get(&id).filter(|ex| ex.shepherd == pid).cloned() else {
             return;
         };
-        let done = {
+        let gone = {
             let mut st = lock(&ex.st);
             st.shepherd_status = Some(status);
-            st.done
+            st.gone
         };
         ex.cv.notify_all();
-        if done {
+        if gone {
             r.execs.remove(&id);
         }
     }
 
     // ---- kill --------------------------------------------------------------------------
 
-    /// `KILL`: the exec's shepherd kills its processes (stop, TERM + CONT, grace, KILL)
-    /// and exits once none is left; then `KILLED`.
-    pub(crate) fn kill_exec(&'static self, id: u32) {
+    /// Sends SIGCONT to the exec's shepherd (one stopped from inside, `kill -STOP
+    /// $PPID`, would never kill): it is this helper's child, so its pid is its own until
+    /// reaped, which the registry's lock holds off.
+    pub(crate) fn continue_shepherd(&self, ex: &Exec) {
+        let _r = lock(&self.reg);
+        if lock(&ex.st).shepherd_status.is_none() {
+            sys::signal(ex.shepherd, sys::SIGCONT);
+        }
+    }
+
+    /// `KILL` (from `link`, which gets `KILLED`): the exec's shepherd kills its
+    /// processes (stop, TERM + CONT, grace, KILL) and exits once none is left.
+    pub(crate) fn kill_exec(&'static self, id: u32, link: &Link) {
         let mut all_gone = true;
         if let Some(ex) = self.exec(id) {
             // Its spawn ends first (bounded): the shepherd gets its order before any kill,
             // and `STARTED` or `SPAWN_ERROR` goes out before `KILLED`.
             ex.wait_started();
-            // A shepherd stopped from inside (`kill -STOP $PPID`) would never kill: it is
-            // this helper's child, so its pid is its own until reaped.
-            sys::signal(ex.shepherd, sys::SIGCONT);
+            self.continue_shepherd(&ex);
             ex.order_kill(false);
             if !ex.wait_shepherd(Instant::now() + KILL_CONFIRM) {
                 diag(format_args!(
@@ -623,12 +764,25 @@ impl Helper {
         // reports the exec KillFailed if that fails too.
         let mut f = Enc::frame(KILLED, id);
         f.u8(u8::from(all_gone));
-        self.send(f.finish());
+        link.send(f.finish());
     }
 
-    /// Has the shepherd of every exec whose `EXIT` was not sent kill its processes at
-    /// once (stdin ended, the stream or the protocol broke), and waits a little for them.
-    /// Called with `stopping` set, so no exec starts any more.
+    /// Has the shepherds of `execs` kill their processes at once, and waits a little
+    /// ([`SHUTDOWN_KILL`]) for them.
+    pub(crate) fn kill_at_once(&self, execs: &[Arc<Exec>]) {
+        for ex in execs {
+            self.continue_shepherd(ex);
+            ex.order_kill(true);
+        }
+        let deadline = Instant::now() + SHUTDOWN_KILL;
+        for ex in execs {
+            ex.wait_shepherd(deadline);
+        }
+    }
+
+    /// The one-connection helper ends: every exec still running is killed at once
+    /// (stdin ended, the stream or the protocol broke). Called with `stopping` set, so
+    /// no exec starts any more.
     pub(crate) fn kill_live_execs(&self) {
         let live: Vec<Arc<Exec>> = {
             let mut r = lock(&self.reg);
@@ -640,62 +794,31 @@ impl Helper {
                 .cloned()
                 .collect()
         };
-        for ex in &live {
-            ex.order_kill(true);
-        }
-        let deadline = Instant::now() + SHUTDOWN_KILL;
-        for ex in &live {
-            ex.wait_shepherd(deadline);
-        }
+        self.kill_at_once(&live);
     }
 }
 
-/// The resolved parts of a `SPAWN`.
-struct Plan {
-    program: PathBuf,
-    env: Vec<(OsString, OsString)>,
-    /// Set only when it differs from the helper's own (keeps std's posix_spawn path).
-    cwd: Option<PathBuf>,
-    /// The user to switch to in the child (the helper runs as root).
-    switch: Option<Creds>,
-}
-
-/// Sets (or replaces) a variable.
-fn set_env(env: &mut Vec<(OsString, OsString)>, k: &[u8], v: &[u8]) {
-    let k = OsStr::from_bytes(k);
-    let v = OsString::from_vec(v.to_vec());
-    match env.iter_mut().find(|(n, _)| n == k) {
-        Some(e) => e.1 = v,
-        None => env.push((k.to_os_string(), v)),
-    }
+/// What the spawn thread takes over.
+struct Spawned {
+    /// The helper's end of the shepherd's channel (the output thread's, later).
+    mine: UnixStream,
+    /// The `PLAN` frame.
+    order: Vec<u8>,
+    /// The command's stdin pipe (piped stdin only).
+    stdin: Option<File>,
+    /// Its stdout and stderr (a terminal exec: the terminal only).
+    pipes: [Option<File>; 2],
+    /// The read end of the wake pipe.
+    wake_r: io::PipeReader,
 }
 
 #[cfg(test)]
 mod tests {
-    use std::fs::Permissions;
     use std::io::Read;
-    use std::os::unix::fs::PermissionsExt;
-    use std::path::Path;
     use std::sync::mpsc::channel;
 
     use super::*;
     use crate::testing::{Frame, TempDir};
-
-    fn spawn(argv: &[&str]) -> Spawn {
-        Spawn {
-            argv: argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
-            ..Spawn::default()
-        }
-    }
-
-    fn var<'a>(env: &'a [(OsString, OsString)], k: &str) -> Option<&'a OsStr> {
-        env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_os_str())
-    }
-
-    fn executable(path: &Path, mode: u32) {
-        fs::write(path, "#!/bin/sh\n").unwrap();
-        fs::set_permissions(path, Permissions::from_mode(mode)).unwrap();
-    }
 
     /// The control frames the shepherd's end received so far.
     fn orders(theirs: &mut UnixStream) -> Vec<(u8, Vec<u8>)> {
@@ -711,172 +834,9 @@ mod tests {
         shepherd::split_frames(&mut inbox)
     }
 
-    #[test]
-    fn set_env_replaces_a_variable_or_appends_it() {
-        let mut env = vec![("A".into(), "1".into()), ("B".into(), "2".into())];
-        set_env(&mut env, b"B", b"3");
-        set_env(&mut env, b"C", b"4");
-        set_env(&mut env, b"A", b"");
-        let expected: Vec<(OsString, OsString)> = vec![
-            ("A".into(), "".into()),
-            ("B".into(), "3".into()),
-            ("C".into(), "4".into()),
-        ];
-        assert_eq!(env, expected);
-    }
-
-    #[test]
-    fn a_plan_needs_a_program() {
-        let dir = TempDir::new();
-        let h = Helper::for_tests(false, dir.path());
-        let err = |sp: &Spawn| h.plan(sp).err().expect("an error");
-        assert_eq!(err(&spawn(&[])), (SpawnError::Other, "empty argv".into()));
-        assert_eq!(
-            err(&spawn(&["", "x"])),
-            (SpawnError::NotFound, "empty program name".into())
-        );
-        assert_eq!(
-            err(&spawn(&["no-such-program-here"])).0,
-            SpawnError::NotFound
-        );
-    }
-
-    #[test]
-    fn a_plan_resolves_the_program_with_the_execs_path_and_directory() {
-        let dir = TempDir::new();
-        fs::create_dir_all(dir.join("work/bin")).unwrap();
-        executable(&dir.join("work/bin/tool"), 0o755);
-        executable(&dir.join("work/local"), 0o755);
-        let h = Helper::for_tests(false, dir.path());
-
-        // A bare name on the PATH the exec sets (later settings win).
-        let mut sp = spawn(&["tool"]);
-        sp.env = vec![
-            (b"PATH".to_vec(), b"/nowhere".to_vec()),
-            (b"PATH".to_vec(), b"bin".to_vec()),
-            (b"EXTRA".to_vec(), b"yes".to_vec()),
-        ];
-        sp.working_dir = Some(b"work".to_vec());
-        let plan = h.plan(&sp).unwrap();
-        assert_eq!(plan.program, dir.join("work/bin/tool"));
-        assert_eq!(plan.cwd.as_deref(), Some(dir.join("work").as_path()));
-        assert_eq!(var(&plan.env, "PATH"), Some(OsStr::new("bin")));
-        assert_eq!(var(&plan.env, "EXTRA"), Some(OsStr::new("yes")));
-        assert!(plan.switch.is_none());
-        // The run's environment is kept.
-        let (k, v) = h.base_env.first().expect("the test has an environment");
-        assert_eq!(var(&plan.env, k.to_str().unwrap()), Some(v.as_os_str()));
-
-        // A path with a slash is taken from the working directory, not looked up.
-        let mut sp = spawn(&["./local"]);
-        sp.working_dir = Some(b"work".to_vec());
-        assert_eq!(h.plan(&sp).unwrap().program, dir.join("work/./local"));
-        let sp = spawn(&["work/local"]);
-        let plan = h.plan(&sp).unwrap();
-        assert_eq!(plan.program, dir.join("work/local"));
-        assert!(plan.cwd.is_none());
-    }
-
-    #[test]
-    fn a_plan_names_the_working_directory_only_when_it_is_another() {
-        let dir = TempDir::new();
-        fs::create_dir(dir.join("sub")).unwrap();
-        fs::write(dir.join("file"), "").unwrap();
-        let h = Helper::for_tests(false, dir.path());
-        let with_dir = |d: &Path| {
-            let mut sp = spawn(&["/bin/sh"]);
-            sp.working_dir = Some(d.as_os_str().as_bytes().to_vec());
-            h.plan(&sp)
-        };
-        // The helper's own directory, by another name: std keeps its posix_spawn path.
-        assert!(with_dir(dir.path()).unwrap().cwd.is_none());
-        assert!(with_dir(&dir.join("sub/..")).unwrap().cwd.is_none());
-        assert_eq!(
-            with_dir(&dir.join("sub")).unwrap().cwd,
-            Some(dir.join("sub"))
-        );
-        let (kind, msg) = with_dir(&dir.join("missing")).err().unwrap();
-        assert_eq!(kind, SpawnError::WorkingDirMissing);
-        assert!(msg.starts_with("working directory "), "{msg}");
-        let (kind, msg) = with_dir(&dir.join("file")).err().unwrap();
-        assert_eq!(kind, SpawnError::WorkingDirMissing);
-        assert!(msg.ends_with("not a directory"), "{msg}");
-        let (kind, _) = with_dir(&dir.join("file/below")).err().unwrap();
-        assert_eq!(kind, SpawnError::WorkingDirMissing);
-    }
-
-    #[test]
-    fn a_helper_not_running_as_root_runs_only_its_own_user() {
-        let dir = TempDir::new();
-        let h = Helper::for_tests(false, dir.path());
-        let mut sp = spawn(&["/bin/sh"]);
-        let other = format!("{}:{}", h.uid + 1, h.gid);
-        sp.user = Some(other.into_bytes());
-        let (kind, msg) = h.plan(&sp).err().unwrap();
-        assert_eq!(kind, SpawnError::UserDenied);
-        assert!(msg.contains("cannot switch to"), "{msg}");
-
-        // Its own ids: no switch, and HOME is the user's unless the exec sets it.
-        let own = format!("{}:{}", h.uid, h.gid);
-        sp.user = Some(own.clone().into_bytes());
-        let plan = h.plan(&sp).unwrap();
-        assert!(plan.switch.is_none());
-        let home = resolve_user(own.as_bytes()).unwrap().home;
-        assert_eq!(
-            var(&plan.env, "HOME").map(OsStrExt::as_bytes),
-            Some(&home[..])
-        );
-        sp.env = vec![(b"HOME".to_vec(), b"/custom".to_vec())];
-        let plan = h.plan(&sp).unwrap();
-        assert_eq!(var(&plan.env, "HOME"), Some(OsStr::new("/custom")));
-    }
-
-    #[test]
-    fn as_root_a_plan_checks_directory_and_program_as_the_user() {
-        let dir = TempDir::new();
-        fs::set_permissions(dir.path(), Permissions::from_mode(0o755)).unwrap();
-        for (name, mode) in [("open", 0o755), ("closed", 0o700)] {
-            fs::create_dir(dir.join(name)).unwrap();
-            fs::set_permissions(dir.join(name), Permissions::from_mode(mode)).unwrap();
-        }
-        executable(&dir.join("open/mine"), 0o700);
-        executable(&dir.join("open/ours"), 0o755);
-        let h = Helper::for_tests(true, dir.path());
-        let plan_of = |prog: &str, wd: &str| {
-            let mut sp = spawn(&[prog]);
-            // A uid in no passwd: gid 0, home "/".
-            sp.user = Some(b"54321".to_vec());
-            sp.working_dir = Some(wd.as_bytes().to_vec());
-            sp.env = vec![(b"PATH".to_vec(), b".".to_vec())];
-            h.plan(&sp)
-        };
-        let plan = plan_of("ours", "open").unwrap();
-        assert_eq!(plan.program, dir.join("open/./ours"));
-        let c = plan.switch.expect("a user switch");
-        assert_eq!((c.uid, c.gid, c.groups), (54321, 0, vec![0]));
-        assert_eq!(var(&plan.env, "HOME"), Some(OsStr::new("/")));
-        assert_eq!(plan.cwd, Some(dir.join("open")));
-        // The helper's own directory needs no change of directory.
-        assert_eq!(plan_of("./open/ours", ".").unwrap().cwd, None);
-        assert_eq!(
-            plan_of("mine", "open").err().unwrap().0,
-            SpawnError::NotExecutable
-        );
-        assert_eq!(
-            plan_of("/bin/sh", "closed").err().unwrap().0,
-            SpawnError::WorkingDirDenied
-        );
-        let mut sp = spawn(&["sh"]);
-        sp.user = Some(b"54321".to_vec());
-        assert!(h.plan(&sp).is_ok());
-        // With a user, even the helper's own directory must be enterable by that user.
-        let closed = Helper::for_tests(true, &dir.join("closed"));
-        assert_eq!(
-            closed.plan(&sp).err().unwrap().0,
-            SpawnError::WorkingDirDenied
-        );
-        sp.user = None;
-        assert!(closed.plan(&sp).is_ok());
+    /// Bytes waiting in the wake pipe.
+    fn wakes(wake: &mut io::PipeReader) -> usize {
+        sys::readable_bytes(wake.as_raw_fd())
     }
 
     #[test]
@@ -887,6 +847,40 @@ mod tests {
         assert_eq!(ex.status(), Some(0x0300));
         let mut b = [0u8; 4];
         assert_eq!(wake.read(&mut b).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_starved_output_thread_is_woken_only_once_there_is_room() {
+        let (ex, _theirs, _reader, mut wake) = Exec::for_tests(1, false);
+        let link = Arc::new(Link::new(None));
+        ex.attach_for_tests(&link);
+        let mut st = lock(&ex.st);
+        // Not waiting: no wake.
+        ex.kick_if_starved(&mut st);
+        assert_eq!(wakes(&mut wake), 0);
+        st.starved = true;
+        // Full of bytes the connection was not sent: no room, no wake.
+        st.out.grant(0);
+        let keep = st.room();
+        let data = vec![b'x'; keep];
+        st.out.append(crate::proto::STDOUT, &data, true);
+        while st.out.next_frame(1).is_some() {}
+        st.out.append(crate::proto::STDOUT, &data, true);
+        assert_eq!(st.room(), 0);
+        ex.kick_if_starved(&mut st);
+        assert_eq!(wakes(&mut wake), 0);
+        // Unattached: room, one wake.
+        st.link = None;
+        ex.kick_if_starved(&mut st);
+        ex.kick_if_starved(&mut st);
+        assert_eq!(wakes(&mut wake), 1);
+        assert!(!st.starved);
+        // A full wake pipe never blocks the kicker.
+        drop(st);
+        for _ in 0..100_000 {
+            ex.kick();
+        }
+        assert!(wakes(&mut wake) > 0);
     }
 
     #[test]
@@ -919,17 +913,23 @@ mod tests {
         assert!(!ex.wait_started());
     }
 
+    /// A child that exits at once, never waited on by std (reaped as shepherds are).
+    fn exited_child(script: &str) -> i32 {
+        let child = Command::new("sh").args(["-c", script]).spawn().unwrap();
+        let pid = child.id() as i32;
+        drop(child);
+        pid
+    }
+
     #[test]
-    fn a_reaped_shepherd_ends_its_exec_and_a_finished_exec_is_forgotten() {
+    fn a_reaped_shepherd_is_noted_and_a_forgotten_record_goes_with_it() {
         let dir = TempDir::new();
         let h = Helper::for_tests(false, dir.path());
-        let (ex, _theirs, _reader, _wake) = Exec::for_tests(7, false);
+        let (mut ex, _theirs, _reader, _wake) = Exec::for_tests(7, false);
+        let pid = exited_child("exit 5");
+        ex.shepherd = pid;
         let ex = Arc::new(ex);
-        let child = Command::new("sh").args(["-c", "exit 5"]).spawn().unwrap();
-        let pid = child.id() as i32;
-        drop(child); // Reaped by the helper, as its shepherds are.
         h.register_for_tests(&ex, pid);
-        assert!(h.exec(7).is_some());
         let deadline = Instant::now() + Duration::from_secs(10);
         while lock(&ex.st).shepherd_status.is_none() {
             assert!(Instant::now() < deadline, "the child was not reaped");
@@ -937,33 +937,37 @@ mod tests {
             thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(lock(&ex.st).shepherd_status, Some(5 << 8));
-        // Its EXIT was not sent yet: still known, until it is.
+        // Its record is not forgotten: still known.
         assert!(h.exec(7).is_some());
         assert!(lock(&h.reg).shepherds.is_empty());
-        h.exec_finished(7);
+        {
+            let mut r = lock(&h.reg);
+            let mut st = lock(&ex.st);
+            r.forget(&ex, &mut st);
+            assert!(st.gone && st.link.is_none());
+        }
         assert!(h.exec(7).is_none());
     }
 
     #[test]
-    fn an_exec_whose_exit_went_out_is_forgotten_when_its_shepherd_is_reaped() {
+    fn a_forgotten_record_stays_while_its_shepherd_lives() {
         let dir = TempDir::new();
         let h = Helper::for_tests(false, dir.path());
-        let (ex, _theirs, _reader, _wake) = Exec::for_tests(8, false);
+        let (mut ex, _theirs, _reader, _wake) = Exec::for_tests(8, false);
+        let pid = exited_child("sleep 0.2");
+        ex.shepherd = pid;
         let ex = Arc::new(ex);
-        // A shepherd still alive keeps a finished exec known.
-        h.register_for_tests(&ex, i32::MAX);
-        h.exec_finished(8);
-        assert!(h.exec(8).is_some());
-        lock(&h.reg).shepherds.clear();
-
-        lock(&ex.st).done = true;
-        let child = Command::new("true").spawn().unwrap();
-        let pid = child.id() as i32;
-        drop(child);
         h.register_for_tests(&ex, pid);
+        {
+            let mut r = lock(&h.reg);
+            let mut st = lock(&ex.st);
+            r.forget(&ex, &mut st);
+        }
+        // A background process of it may live: a KILL still reaches it.
+        assert!(h.exec(8).is_some());
         let deadline = Instant::now() + Duration::from_secs(10);
         while h.exec(8).is_some() {
-            assert!(Instant::now() < deadline, "the exec was not forgotten");
+            assert!(Instant::now() < deadline, "the exec was not removed");
             h.reap(pid);
             thread::sleep(Duration::from_millis(10));
         }
@@ -971,12 +975,88 @@ mod tests {
     }
 
     #[test]
+    fn a_shepherd_of_an_earlier_exec_of_the_same_id_is_not_taken_for_the_later_ones() {
+        let dir = TempDir::new();
+        let h = Helper::for_tests(false, dir.path());
+        // The earlier exec's spawn failed: removed, its shepherd not reaped yet.
+        let pid = exited_child("true");
+        lock(&h.reg).shepherds.insert(pid, 9);
+        let (later, _theirs, _reader, _wake) = Exec::for_tests(9, false);
+        let later = Arc::new(later);
+        lock(&h.reg).execs.insert(9, later.clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&h.reg).shepherds.contains_key(&pid) {
+            assert!(Instant::now() < deadline, "the child was not reaped");
+            h.reap(pid);
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(lock(&later.st).shepherd_status, None);
+        assert!(h.exec(9).is_some());
+    }
+
+    #[test]
+    fn at_the_record_bound_exited_detached_records_make_room_oldest_first() {
+        let dir = TempDir::new();
+        let h = Helper::for_tests(false, dir.path());
+        let link = Arc::new(Link::new(None));
+        let mut all = Vec::new();
+        for (id, detach, done, attached) in [
+            (1, true, true, false),  // Evicted first (oldest).
+            (2, false, true, false), // Not detached: kept.
+            (3, true, false, false), // Running: kept.
+            (4, true, true, true),   // Attached, its EXIT not sent: kept.
+            (5, true, true, false),  // Evicted second.
+        ] {
+            let (ex, theirs, reader, wake) = Exec::for_tests_with(id, false, detach, 0);
+            {
+                let mut st = lock(&ex.st);
+                st.done = done;
+                if attached {
+                    st.link = Some(link.clone());
+                }
+                st.shepherd_status = Some(0);
+            }
+            let ex = Arc::new(ex);
+            lock(&h.reg).execs.insert(id, ex.clone());
+            all.push((ex, theirs, reader, wake));
+        }
+        let mut r = lock(&h.reg);
+        assert!(r.make_room(6));
+        assert_eq!(r.records(), 5);
+        assert!(r.make_room(5));
+        assert_eq!(r.records(), 4);
+        assert!(!r.execs.contains_key(&1));
+        assert!(r.make_room(4));
+        assert!(!r.execs.contains_key(&5));
+        // Nothing more may go.
+        assert!(!r.make_room(3));
+        let mut left: Vec<u32> = r.execs.keys().copied().collect();
+        left.sort();
+        assert_eq!(left, [2, 3, 4]);
+    }
+
+    #[test]
+    fn what_list_shows_of_a_command_is_bounded() {
+        let argv: Vec<Vec<u8>> = (0..40)
+            .map(|i| vec![b'a' + (i % 26) as u8; i * 20])
+            .collect();
+        let shown = info_argv(&argv);
+        assert_eq!(shown.len(), INFO_ARGS);
+        for (i, a) in shown.iter().enumerate() {
+            assert_eq!(a.len(), (i * 20).min(INFO_ARG_BYTES));
+            assert!(argv[i].starts_with(a));
+        }
+        assert!(info_argv(&[]).is_empty());
+    }
+
+    #[test]
     fn a_kill_orders_the_shepherd_and_reports_whether_all_is_gone() {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
+        let link = Link::new(None);
         // An unknown exec: nothing to kill, done at once.
-        h.kill_exec(40);
-        let f = h.take_frames();
+        h.kill_exec(40, &link);
+        let f = link.take_frames();
         assert_eq!(
             (f[0].kind, f[0].id, &f[0].payload[..]),
             (KILLED, 40, &[1u8][..])
@@ -988,9 +1068,9 @@ mod tests {
         ex.started_for_tests();
         h.register_for_tests(&ex, i32::MAX);
         lock(&ex.st).shepherd_status = Some(0);
-        h.kill_exec(41);
+        h.kill_exec(41, &link);
         assert_eq!(orders(&mut theirs), [(shepherd::KILL_TREE, vec![0])]);
-        assert_eq!(h.take_frames()[0].payload, [1]);
+        assert_eq!(link.take_frames()[0].payload, [1]);
 
         // A shepherd that never exits: KILLED 0 once the confirmation's time is up.
         let (ex, mut theirs, _reader, _wake) = Exec::for_tests(42, false);
@@ -998,10 +1078,10 @@ mod tests {
         ex.started_for_tests();
         h.register_for_tests(&ex, i32::MAX - 1);
         let started = Instant::now();
-        h.kill_exec(42);
+        h.kill_exec(42, &link);
         assert!(started.elapsed() >= KILL_CONFIRM);
         assert_eq!(orders(&mut theirs), [(shepherd::KILL_TREE, vec![0])]);
-        let f: Vec<Frame> = h.take_frames();
+        let f: Vec<Frame> = link.take_frames();
         assert_eq!(
             (f[0].kind, f[0].id, &f[0].payload[..]),
             (KILLED, 42, &[0u8][..])
@@ -1024,5 +1104,38 @@ mod tests {
         assert!(started.elapsed() < SHUTDOWN_KILL);
         assert_eq!(orders(&mut live_ctl), [(shepherd::KILL_TREE, vec![1])]);
         assert!(orders(&mut ended_ctl).is_empty());
+    }
+
+    #[test]
+    fn an_abandoned_spawn_answers_its_spawner_and_tells_another_attached_connection() {
+        let dir = TempDir::new();
+        let h = Helper::for_tests(false, dir.path());
+        let spawner = Arc::new(Link::new(None));
+        let other = Arc::new(Link::new(None));
+        let (ex, mut theirs, _reader, _wake) = Exec::for_tests(3, false);
+        let ex = Arc::new(ex);
+        h.register_for_tests(&ex, i32::MAX);
+        ex.attach_for_tests(&other);
+        h.abandon(
+            &ex,
+            &spawner,
+            Some((SpawnError::NotFound, "no such program")),
+        );
+        let f = spawner.take_frames();
+        assert_eq!(
+            (f.len(), f[0].kind, f[0].id),
+            (1, crate::proto::SPAWN_ERROR, 3)
+        );
+        let f = other.take_frames();
+        assert_eq!((f.len(), f[0].kind, f[0].id), (1, GONE, 3));
+        assert!(ex.is_done() && !ex.wait_started());
+        assert!(h.exec(3).is_none());
+        assert_eq!(orders(&mut theirs), [(shepherd::KILL_TREE, vec![1])]);
+        // Attached to the spawner only: the error alone.
+        let (ex, _theirs, _reader, _wake) = Exec::for_tests(4, false);
+        let ex = Arc::new(ex);
+        ex.attach_for_tests(&spawner);
+        h.abandon(&ex, &spawner, None);
+        assert!(spawner.take_frames().is_empty());
     }
 }

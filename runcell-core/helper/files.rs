@@ -38,10 +38,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::flow::Flow;
+use crate::link::Link;
 use crate::proto::{CHUNK, DIRECTORY, Entry, FileError, HOLE_BLOCK, REGULAR, STDOUT, SYMLINK};
 use crate::sys::{self, O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_NOFOLLOW, O_PATH, O_WRONLY};
 use crate::sys::{EINVAL, ELOOP, ENOENT, ENOTDIR};
-use crate::{HEADER, Helper, data_frame, file_error_kind};
+use crate::{HEADER, data_frame, file_error_kind};
 
 /// Symbolic links followed in one path, at most (the kernel's own bound).
 const MAX_LINKS: usize = 40;
@@ -245,13 +246,13 @@ impl Put {
     }
 
     /// The first failure: `FILE_ERROR` once, then the operation's frames are discarded.
-    pub(crate) fn fail(&mut self, h: &'static Helper, id: u32, (kind, rel, msg): Failure) {
+    pub(crate) fn fail(&mut self, link: &Link, id: u32, (kind, rel, msg): Failure) {
         self.failed = true;
         self.base = None;
         if let Some(pf) = self.file.take() {
             pf.abandon();
         }
-        h.send_file_error(id, kind, &rel, &msg);
+        link.send_file_error(id, kind, &rel, &msg);
     }
 
     /// Applies one `ENTRY`.
@@ -409,12 +410,12 @@ fn not_a_file(rel: &[u8]) -> GetEnd {
 }
 
 /// Queues a `GET`'s `ENTRY` once the credit covers its payload.
-fn send_entry(h: &Helper, flow: &Flow, id: u32, e: &Entry) -> Result<(), GetEnd> {
+fn send_entry(link: &Link, flow: &Flow, id: u32, e: &Entry) -> Result<(), GetEnd> {
     let mut enc = crate::proto::Enc::frame(crate::proto::ENTRY, id);
     e.encode(&mut enc);
     let frame = enc.finish();
     let cost = (frame.len() - HEADER) as u64;
-    if flow.send(h, frame, cost) {
+    if flow.send(link, frame, cost) {
         Ok(())
     } else {
         Err(GetEnd::Discarded)
@@ -438,7 +439,7 @@ fn entry_of(rel: &[u8], kind: u8, md: &Metadata, size: u64, link: Vec<u8>) -> En
 /// Streams a path (and, for a directory, everything below it) to the host, `ENTRY`
 /// and `STDOUT` payloads under the flow's credit. The path's directory is resolved by
 /// [`resolve`]; the path itself and everything below it are never followed.
-pub(crate) fn get_tree(h: &Helper, id: u32, path: &[u8], flow: &Flow) -> Result<(), GetEnd> {
+pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result<(), GetEnd> {
     let invalid = |m: &str| GetEnd::Failed(FileError::Invalid, Vec::new(), m.to_string());
     if path.first() != Some(&b'/') {
         return Err(invalid("the path must be absolute"));
@@ -488,7 +489,12 @@ pub(crate) fn get_tree(h: &Helper, id: u32, path: &[u8], flow: &Flow) -> Result<
                     .collect::<io::Result<Vec<_>>>()
             });
             let mut names = listed.map_err(|e| io_err(&e))?;
-            send_entry(h, flow, id, &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()))?;
+            send_entry(
+                link,
+                flow,
+                id,
+                &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()),
+            )?;
             names.sort();
             let f = Arc::new(f);
             for n in names.into_iter().rev() {
@@ -499,8 +505,8 @@ pub(crate) fn get_tree(h: &Helper, id: u32, path: &[u8], flow: &Flow) -> Result<
                 stack.push((f.clone(), n, r));
             }
         } else if ft.is_symlink() {
-            let link = sys::readlink_fd(f.as_fd()).map_err(|e| io_err(&e))?;
-            send_entry(h, flow, id, &entry_of(&rel, SYMLINK, &md, 0, link))?;
+            let target = sys::readlink_fd(f.as_fd()).map_err(|e| io_err(&e))?;
+            send_entry(link, flow, id, &entry_of(&rel, SYMLINK, &md, 0, target))?;
         } else if ft.is_file() {
             let mut f = reopen(&f, sys::O_NONBLOCK_OPEN).map_err(|e| io_err(&e))?;
             let md = f.metadata().map_err(|e| io_err(&e))?;
@@ -511,7 +517,12 @@ pub(crate) fn get_tree(h: &Helper, id: u32, path: &[u8], flow: &Flow) -> Result<
                 continue;
             }
             let size = md.len();
-            send_entry(h, flow, id, &entry_of(&rel, REGULAR, &md, size, Vec::new()))?;
+            send_entry(
+                link,
+                flow,
+                id,
+                &entry_of(&rel, REGULAR, &md, size, Vec::new()),
+            )?;
             let mut left = size;
             let mut eof = false;
             while left > 0 {
@@ -537,7 +548,7 @@ pub(crate) fn get_tree(h: &Helper, id: u32, path: &[u8], flow: &Flow) -> Result<
                     ));
                 }
                 let frame = data_frame(&mut buf, STDOUT, id, want);
-                if !flow.send(h, frame, want as u64) {
+                if !flow.send(link, frame, want as u64) {
                     return Err(GetEnd::Discarded);
                 }
                 left -= want as u64;

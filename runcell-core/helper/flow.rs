@@ -1,13 +1,15 @@
-//! Output credit: what the helper may still send for an exec or a `GET`, and whether
-//! the host still reads it at all (`CREDIT`, `DISCARD`).
+//! Output credit of a `GET`: what the helper may still send for it, and whether the
+//! host still reads it at all (`CREDIT`, `DISCARD`). (An exec's credit is in its record:
+//! `record.rs`.)
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Condvar, Mutex};
 
+use crate::link::Link;
 use crate::proto::INITIAL_CREDIT;
-use crate::{Helper, lock, wait};
+use crate::{lock, wait};
 
-/// Output credit of an exec or a `GET`, and whether the host still reads it.
+/// Output credit of a `GET`, and whether the host still reads it.
 pub(crate) struct Flow {
     st: Mutex<FlowState>,
     cv: Condvar,
@@ -17,7 +19,7 @@ pub(crate) struct Flow {
 
 /// The mutable part of a [`Flow`].
 struct FlowState {
-    /// Payload bytes (`STDOUT`, `STDERR`, `ENTRY`) the helper may still send.
+    /// Payload bytes (`STDOUT`, `ENTRY`) the helper may still send.
     credit: u64,
     /// `DISCARD` (or `KILL`): nothing more is sent under this flow.
     discarded: bool,
@@ -62,7 +64,7 @@ impl Flow {
     /// Queues `frame` once `cost` bytes of credit are left and takes them; false (and
     /// nothing queued) once the flow is discarded. Checked and queued under the flow's
     /// lock: after [`Flow::discard`] returns, no frame of the flow is queued any more.
-    pub(crate) fn send(&self, h: &Helper, frame: Vec<u8>, cost: u64) -> bool {
+    pub(crate) fn send(&self, link: &Link, frame: Vec<u8>, cost: u64) -> bool {
         let mut st = lock(&self.st);
         while !st.discarded && st.credit < cost {
             st = wait(&self.cv, st);
@@ -71,7 +73,7 @@ impl Flow {
             return false;
         }
         st.credit -= cost;
-        h.send(frame);
+        link.send(frame);
         true
     }
 }
@@ -85,7 +87,6 @@ mod tests {
 
     use super::*;
     use crate::proto::{Enc, STDOUT};
-    use crate::testing::TempDir;
 
     fn frame(id: u32, n: usize) -> Vec<u8> {
         let mut e = Enc::frame(STDOUT, id);
@@ -109,28 +110,27 @@ mod tests {
 
     #[test]
     fn send_takes_its_cost_and_queues_the_frame() {
-        let dir = TempDir::new();
-        let h = Helper::for_tests(false, dir.path());
+        let link = Link::new(None);
         let f = Flow::new();
-        assert!(f.send(&h, frame(1, 100), 100));
-        assert!(f.send(&h, frame(1, 0), 0));
+        assert!(f.send(&link, frame(1, 100), 100));
+        assert!(f.send(&link, frame(1, 0), 0));
         assert_eq!(f.wait_credit(0), Some(u64::from(INITIAL_CREDIT) - 100));
-        let sent = h.take_frames();
+        let sent = link.take_frames();
         assert_eq!(sent.len(), 2);
         assert_eq!(sent[0].payload.len(), 100);
     }
 
     #[test]
     fn send_waits_for_credit_and_a_grant_releases_it() {
-        let dir = TempDir::new();
-        let h = Helper::leaked(false, dir.path());
+        let h = Arc::new(Link::new(None));
         let f = Arc::new(Flow::new());
         let all = u64::from(INITIAL_CREDIT);
-        assert!(f.send(h, frame(1, 0), all));
+        assert!(f.send(&h, frame(1, 0), all));
         assert_eq!(f.wait_credit(0), Some(0));
         let (tx, rx) = channel();
         let sender = f.clone();
-        thread::spawn(move || tx.send(sender.send(h, frame(1, 5), 5)).unwrap());
+        let link = h.clone();
+        thread::spawn(move || tx.send(sender.send(&link, frame(1, 5), 5)).unwrap());
         // No credit: nothing is queued.
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
         assert_eq!(h.take_frames().len(), 1);
@@ -144,8 +144,7 @@ mod tests {
 
     #[test]
     fn discard_wakes_waiters_and_nothing_is_queued_after_it() {
-        let dir = TempDir::new();
-        let h = Helper::leaked(false, dir.path());
+        let h = Link::new(None);
         let f = Arc::new(Flow::new());
         let (tx, rx) = channel();
         let waiter = f.clone();
@@ -155,8 +154,8 @@ mod tests {
         f.discard();
         assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
         assert_eq!(f.wait_credit(0), None);
-        assert!(!f.send(h, frame(1, 1), 1));
-        assert!(!f.send(h, frame(1, 0), 0));
+        assert!(!f.send(&h, frame(1, 1), 1));
+        assert!(!f.send(&h, frame(1, 0), 0));
         f.grant(100);
         assert_eq!(f.wait_credit(0), None);
         assert!(h.take_frames().is_empty());

@@ -1,24 +1,40 @@
 //! `runcell-helper`: the exec helper that runs inside a run's container or pod.
 //!
-//! One long-lived exec starts it (as the container's user, in the run's working directory,
-//! with the run's environment). It reads frames on stdin and writes frames on stdout (the
-//! wire protocol is `proto.rs`, which documents the semantics implemented here) and runs
-//! every tool call of the run as its own child: a fork+exec instead of a whole
-//! `docker exec` per call.
+//! One executable, four modes (`proto.rs` documents the wire protocol and the semantics
+//! implemented here; "Daemon, relay and durable execs" there is the big picture):
+//!
+//! - *relay* (no argument; what the host starts through the engine, as the container's
+//!   user, in the run's working directory, with the run's environment): makes sure the
+//!   run's daemon is up and copies bytes between its stdin/stdout and a connection to
+//!   it ([`daemon`]). When no daemon can be used it *serves its connection itself*, as
+//!   version 2 did: the helper below with one connection on stdin/stdout, which kills
+//!   every exec and exits when the stream ends.
+//! - *daemon* ([`proto::DAEMON_ARG`], started by a relay): the helper proper. It owns
+//!   every exec of the run and outlives any one connection; it accepts connections on a
+//!   Unix socket and runs until the container goes.
+//! - *shepherd* ([`shepherd::MODE_ARG`]): one per exec, tracks, reaps and kills that
+//!   exec's processes ([`shepherd`]).
+//!
+//! The helper runs every tool call of the run as its own child: a fork+exec instead of
+//! a whole `docker exec` per call.
 //!
 //! Std only, no crates: core's build script compiles this file (and the modules beside
-//! it) with plain `rustc` into a static binary. The few libc calls std lacks live in
-//! [`sys`], the only place with `unsafe`.
+//! it) with plain `rustc` into a static binary (`panic=abort`: a panic anywhere ends
+//! the daemon and with it every exec). The few libc calls std lacks live in [`sys`], the
+//! only place with `unsafe`.
 //!
-//! Threads: the main thread reads frames and never blocks on one exec nor on stdout; one
-//! writer thread owns stdout and writes what every other thread queues (batched, flushed
-//! when the queue is empty; the queue is bounded by the credits: output and `ENTRY` frames
-//! are queued only within an id's credit); a reaper waits for every child (`waitid` with
-//! `WNOWAIT`, then reaps under the registry lock, so std's own spawn-failure `waitpid` is
-//! never raced); per exec one output thread (credit-gated, or draining and dropping once
-//! the host discarded the exec; it also reads the command's status from the exec's
-//! shepherd) and, when stdin is piped, one stdin writer; a kill or a `GET` runs on its own
-//! thread.
+//! Threads of the helper proper: the daemon's main thread accepts connections (the
+//! relay serving itself has one connection, on stdin/stdout); per connection a reader
+//! ([`conn`]: reads frames and dispatches them, never blocking on one exec nor on the
+//! stream) and a writer ([`link`]: owns the stream and writes what every other thread
+//! queues, batched, flushed when the queue is empty); a reaper waits for every child
+//! (`waitid` with `WNOWAIT`, then reaps under the registry lock, so std's own
+//! spawn-failure `waitpid` is never raced); the daemon's janitor ([`durable`]) kills
+//! execs whose grace passed and forgets expired records; per exec one output thread
+//! (reads the command's output into the exec's record and sends it within the attached
+//! connection's credit; it also reads the command's status from the exec's shepherd)
+//! and, when stdin is piped, one stdin writer; a spawn's answer, a kill or a `GET` runs
+//! on a thread of its own.
 //!
 //! Processes: every exec runs under a shepherd of its own (`shepherd.rs`, the same
 //! executable in another mode), which tracks, reaps and kills that exec's processes and
@@ -27,25 +43,39 @@
 //! plan, so that starting a shepherd is on no exec's way (about half of an exec's time
 //! at the helper).
 //!
-//! Lock order: registry, then an exec's state, then a flow, then the output queue (a
-//! leaf: nothing is locked while holding it).
+//! Lock order: the registry, then an exec's state (its record), then a `GET`'s flow,
+//! then a connection's output queue. The queue, and an exec's control channel (taken
+//! only to write a kill order, with nothing else held), are leaves: nothing is locked
+//! while holding them. A thread that holds an exec's state may queue frames on any
+//! connection (that is how an exec's frames follow its attached connection); a thread
+//! that holds the registry may lock any exec's state, never the reverse.
 //!
-//! Modules, by concern: [`conn`] (the main thread: reads frames and dispatches them),
-//! [`exec`] (the registry of execs, spawning under shepherds, reaping, kills),
-//! [`streams`] (an exec's output and stdin threads), [`flow`] (output credit),
-//! [`files`] (`PUT` and `GET`), [`users`] (per-exec users and permission checks),
-//! [`procs`] (`/proc` scans), [`shepherd`] (the per-exec shepherd mode), [`sys`] (the libc
-//! calls) and [`proto`] (the wire protocol). This file holds what they share: the
-//! [`Helper`] state, the writer thread, error kinds, and `main`.
+//! Modules, by concern: [`daemon`] (relay and daemon: the daemon's directory, lock and
+//! socket, starting it, accepting connections, the relay's copy), [`conn`] (a
+//! connection's reader: frames in, dispatched), [`link`] (a connection's writer: frames
+//! out), [`exec`] (the registry of execs, spawning under shepherds, reaping, kills),
+//! [`plan`] (a `SPAWN` resolved: user, environment, directory, program), [`record`] (an
+//! exec's retained output, offsets and credit), [`durable`] (records across
+//! connections: `ATTACH`, `RELEASE`, `LIST`, `DISCARD`, the end of a connection, the
+//! janitor), [`streams`] (an exec's output and stdin threads), [`flow`] (a `GET`'s
+//! credit), [`files`] (`PUT` and `GET`), [`users`] (per-exec users and permission
+//! checks), [`procs`] (`/proc` scans), [`shepherd`] (the per-exec shepherd mode), [`sys`]
+//! (the libc calls) and [`proto`] (the wire protocol). This file holds what they share:
+//! the [`Helper`] state, the `HELLO`, the one-connection mode, error kinds, and `main`.
 
 mod conn;
+mod daemon;
+mod durable;
 mod exec;
 mod files;
 mod flow;
+mod link;
+mod plan;
 mod procs;
 // Shared with core's client: not every item is used here, and its style is core's.
 #[allow(dead_code, clippy::type_complexity)]
 mod proto;
+mod record;
 mod shepherd;
 mod streams;
 mod sys;
@@ -53,7 +83,6 @@ mod sys;
 mod testing;
 mod users;
 
-use std::collections::VecDeque;
 use std::env;
 use std::ffi::OsString;
 use std::fmt;
@@ -63,16 +92,15 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conn::Conn;
 use exec::Registry;
-use proto::{
-    Enc, FILE_ERROR, FileError, Fnv, HELLO, Hello, PROTOCOL_ERROR, SPAWN_ERROR, SpawnError, VERSION,
-};
+use link::Link;
+use proto::{DAEMON_ARG, Enc, FileError, Fnv, HELLO, Hello, SpawnError, VERSION};
 use sys::{
     EACCES, EAGAIN, EISDIR, ELOOP, EMFILE, ENAMETOOLONG, ENFILE, ENOENT, ENOEXEC, ENOMEM, ENOTDIR,
     EPERM, ETXTBSY,
@@ -87,12 +115,9 @@ const EXEC_ID_VAR: &[u8] = b"RUNCELL_EXEC_ID";
 const OLD_EXEC_ID_VAR: &[u8] = b"SANDBOX_EXEC_ID";
 /// Header of a frame: length u32, kind u8, id u32.
 const HEADER: usize = 9;
-/// The writer's buffer: small frames are batched into one `write`.
-const WRITE_BUFFER: usize = 128 * 1024;
-/// How long an exiting helper lets the writer send what is queued (the host may not read).
-const FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
-/// Quiet time after which the writer gives the heap's free pages back to the kernel.
-const TRIM_AFTER: Duration = Duration::from_secs(1);
+/// How long an ending connection lets the writer send what is queued (the peer may not
+/// read).
+const FLUSH_AT_END: Duration = Duration::from_secs(1);
 
 /// Locks, ignoring poisoning: a panic elsewhere must not stop the helper.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -120,9 +145,16 @@ fn start_thread(name: &str, f: impl FnOnce() + Send + 'static) -> bool {
 
 fn main() {
     let mut args = env::args_os().skip(1);
-    if args.next().is_some_and(|a| a == shepherd::MODE_ARG) {
-        shepherd::main(args.next());
+    match args.next() {
+        Some(a) if a == shepherd::MODE_ARG => shepherd::main(args.next()),
+        Some(a) if a == DAEMON_ARG => daemon::daemon_main(args),
+        _ => daemon::relay_main(),
     }
+}
+
+/// What the helper proper does first, in either mode: one malloc arena, not dumpable,
+/// and, as root, its own files made root's.
+fn harden() {
     sys::one_malloc_arena();
     if let Err(e) = sys::set_not_dumpable() {
         diag(format_args!("cannot make itself non-dumpable: {e}"));
@@ -130,37 +162,43 @@ fn main() {
     if sys::ids().2 == 0 {
         secure_own_files();
     }
-    let (h, out): (&'static Helper, File) = match Helper::new() {
-        Ok((h, out)) => (Box::leak(Box::new(h)), out),
+}
+
+/// Serves one connection on stdin/stdout and exits when it ends, killing every exec
+/// still running (version 2's helper; the relay's fallback when no daemon can be used).
+fn serve_stdio(size: u64, digest: u64) -> ! {
+    let h: &'static Helper = Box::leak(Box::new(Helper::new(false, size, digest)));
+    let streams = io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(|o| Ok((o, io::stdin().as_fd().try_clone_to_owned()?)));
+    let (out, input) = match streams {
+        Ok((o, i)) => (File::from(o), File::from(i)),
         Err(e) => {
             diag(format_args!("cannot start: {e}"));
             std::process::exit(1);
         }
     };
-    let (size, digest) = self_digest();
-    let mut e = Enc::frame(HELLO, 0);
-    Hello {
-        version: VERSION,
-        pid: h.pid as u32,
-        uid: h.uid,
-        gid: h.gid,
-        size,
-        digest,
-    }
-    .encode(&mut e);
-    h.send(e.finish());
-    if !start_thread("writer", move || h.writer(out)) {
+    let link = Arc::new(Link::new(None));
+    link.send(h.hello(0));
+    let l = link.clone();
+    if !start_thread("writer", move || {
+        if !l.writer(out) {
+            // The host is gone.
+            h.shutdown(&l, 0);
+        }
+    }) {
         diag(format_args!("cannot start its writer thread"));
         std::process::exit(1);
     }
     if !start_thread("reaper", move || h.reaper()) {
         diag(format_args!("cannot start its threads"));
-        h.send_protocol_error("the helper cannot start its threads");
-        h.flush_at_exit();
-        std::process::exit(1);
+        link.send_protocol_error("the helper cannot start its threads");
+        h.shutdown(&link, 1);
     }
     h.refill_spare();
-    Conn::new(h).run()
+    let code = Conn::new(h, link.clone()).run(input);
+    h.shutdown(&link, code)
 }
 
 /// As root: makes the helper's directory (normally `/.runcell`) and its executable
@@ -212,26 +250,13 @@ fn self_digest() -> (u64, u64) {
     (size, fnv.0)
 }
 
-/// Frames waiting for the writer thread.
-#[derive(Default)]
-struct OutQueue {
-    frames: VecDeque<Vec<u8>>,
-    /// The writer wrote and flushed everything and waits for more.
-    idle: bool,
-}
-
 /// Everything the threads share.
 struct Helper {
-    /// Frames for the writer thread, which owns the frame stream (a duplicate of fd 1).
-    out: Mutex<OutQueue>,
-    /// Signalled when a frame is queued (the writer waits on it).
-    out_cv: Condvar,
-    /// Signalled when the writer becomes idle or the stream breaks.
-    idle_cv: Condvar,
-    /// Set once writing a frame failed: the host is gone (frames are dropped from then).
-    out_broken: AtomicBool,
-    /// Set by the first thread that shuts the helper down.
+    /// Set by the first thread that shuts the one-connection helper down.
     stopping: AtomicBool,
+    /// The daemon: execs outlive the connections (false: the relay serves its one
+    /// connection itself, and everything ends with it).
+    durable: bool,
     /// The helper's pid.
     pid: i32,
     /// Real uid and gid.
@@ -239,6 +264,9 @@ struct Helper {
     gid: u32,
     /// Effective uid 0: may switch users and set owners.
     root: bool,
+    /// Size and digest of its executable, for the `HELLO`.
+    size: u64,
+    digest: u64,
     /// Default working directory, and its (device, inode).
     cwd: PathBuf,
     cwd_id: Option<(u64, u64)>,
@@ -249,172 +277,65 @@ struct Helper {
     reg: Mutex<Registry>,
     /// Signalled on every spawn (the reaper waits for one).
     reg_cv: Condvar,
+    /// Signalled when a deadline is set (the janitor waits for the nearest).
+    janitor_cv: Condvar,
+    /// Connections being served.
+    connections: AtomicUsize,
 }
 
 impl Helper {
-    /// Records what every spawn starts from: ids, working directory, environment. Also
-    /// returns the frame stream, for the writer thread.
-    fn new() -> io::Result<(Helper, File)> {
+    /// Records what every spawn starts from: ids, working directory, environment; and
+    /// becomes the subreaper of its execs' shepherds' orphans.
+    fn new(durable: bool, size: u64, digest: u64) -> Helper {
         if let Err(e) = sys::set_child_subreaper() {
             diag(format_args!("cannot become a child subreaper: {e}"));
         }
-        let out = File::from(io::stdout().as_fd().try_clone_to_owned()?);
         let (uid, gid, euid) = sys::ids();
         let cwd = env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let cwd_id = fs::metadata(".").ok().map(|m| (m.dev(), m.ino()));
         let base_env = env::vars_os()
             .filter(|(k, _)| ![EXEC_ID_VAR, OLD_EXEC_ID_VAR].contains(&k.as_bytes()))
             .collect();
-        let h = Helper {
-            out: Mutex::new(OutQueue::default()),
-            out_cv: Condvar::new(),
-            idle_cv: Condvar::new(),
-            out_broken: AtomicBool::new(false),
+        Helper {
             stopping: AtomicBool::new(false),
+            durable,
             pid: std::process::id() as i32,
             uid,
             gid,
             root: euid == 0,
+            size,
+            digest,
             cwd,
             cwd_id,
             base_env,
             reg: Mutex::new(Registry::default()),
             reg_cv: Condvar::new(),
-        };
-        Ok((h, out))
-    }
-
-    // ---- frames out -------------------------------------------------------------------
-
-    /// Queues one whole frame for the writer thread; never blocks on stdout. Dropped once
-    /// the stream broke.
-    fn send(&self, frame: Vec<u8>) {
-        if self.out_broken.load(Ordering::Relaxed) {
-            return;
-        }
-        lock(&self.out).frames.push_back(frame);
-        self.out_cv.notify_one();
-    }
-
-    /// The writer thread: writes queued frames in batches, flushing whenever the queue is
-    /// empty. A failed write means the host is gone: shut down.
-    fn writer(&'static self, out: File) {
-        let mut w = io::BufWriter::with_capacity(WRITE_BUFFER, out);
-        let mut batch: VecDeque<Vec<u8>> = VecDeque::new();
-        loop {
-            let mut q = lock(&self.out);
-            if q.frames.is_empty() {
-                drop(q);
-                if w.flush().is_err() {
-                    self.stream_broken();
-                }
-                q = lock(&self.out);
-                if q.frames.is_empty() {
-                    q.idle = true;
-                    self.idle_cv.notify_all();
-                    q = self.idle_wait(q);
-                    q.idle = false;
-                }
-            }
-            std::mem::swap(&mut q.frames, &mut batch);
-            drop(q);
-            for f in batch.drain(..) {
-                if w.write_all(&f).is_err() {
-                    self.stream_broken();
-                }
-            }
+            janitor_cv: Condvar::new(),
+            connections: AtomicUsize::new(0),
         }
     }
 
-    /// The idle writer waits for a frame. After [`TRIM_AFTER`] without one it gives the
-    /// heap's free pages back (once per quiet spell: the work since the last spell freed
-    /// what it allocated, and glibc would keep it).
-    fn idle_wait<'a>(&'a self, mut q: MutexGuard<'a, OutQueue>) -> MutexGuard<'a, OutQueue> {
-        let mut trimmed = false;
-        while q.frames.is_empty() {
-            if trimmed {
-                q = wait(&self.out_cv, q);
-                continue;
-            }
-            let (g, timeout) = self
-                .out_cv
-                .wait_timeout(q, TRIM_AFTER)
-                .unwrap_or_else(PoisonError::into_inner);
-            q = g;
-            if timeout.timed_out() && q.frames.is_empty() {
-                drop(q);
-                sys::release_free_memory();
-                trimmed = true;
-                q = lock(&self.out);
-            }
+    /// The `HELLO` of a connection that came through the relay `relay` (0: none).
+    fn hello(&self, relay: u32) -> Vec<u8> {
+        let mut e = Enc::frame(HELLO, 0);
+        Hello {
+            version: VERSION,
+            pid: self.pid as u32,
+            uid: self.uid,
+            gid: self.gid,
+            size: self.size,
+            digest: self.digest,
+            relay,
+            durable: self.durable,
         }
-        q
+        .encode(&mut e);
+        e.finish()
     }
 
-    /// Writing to stdout failed: drop what is queued and shut down (on the writer thread).
-    fn stream_broken(&'static self) -> ! {
-        self.out_broken.store(true, Ordering::SeqCst);
-        lock(&self.out).frames.clear();
-        self.idle_cv.notify_all();
-        self.shutdown(0)
-    }
-
-    /// Lets the writer send what is queued, for at most [`FLUSH_AT_EXIT`].
-    fn flush_at_exit(&self) {
-        let deadline = Instant::now() + FLUSH_AT_EXIT;
-        let mut q = lock(&self.out);
-        loop {
-            let flushed = q.idle && q.frames.is_empty();
-            if flushed || self.out_broken.load(Ordering::SeqCst) {
-                return;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            q = self
-                .idle_cv
-                .wait_timeout(q, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-    }
-
-    /// A frame without payload.
-    fn send_empty(&self, kind: u8, id: u32) {
-        self.send(Enc::frame(kind, id).finish());
-    }
-
-    /// A frame whose payload is one u32.
-    fn send_u32(&self, kind: u8, id: u32, v: u32) {
-        let mut e = Enc::frame(kind, id);
-        e.u32(v);
-        self.send(e.finish());
-    }
-
-    /// `SPAWN_ERROR`.
-    fn send_spawn_error(&self, id: u32, kind: SpawnError, msg: &str) {
-        let mut e = Enc::frame(SPAWN_ERROR, id);
-        e.u8(kind as u8).bytes(msg.as_bytes());
-        self.send(e.finish());
-    }
-
-    /// `FILE_ERROR`.
-    fn send_file_error(&self, id: u32, kind: FileError, path: &[u8], msg: &str) {
-        self.send(file_error_frame(id, kind, path, msg));
-    }
-
-    /// `PROTOCOL_ERROR` (id 0: the connection).
-    fn send_protocol_error(&self, msg: &str) {
-        let mut e = Enc::frame(PROTOCOL_ERROR, 0);
-        e.bytes(msg.as_bytes());
-        self.send(e.finish());
-    }
-
-    /// Kills the tree of every exec whose `EXIT` was not sent (SIGKILL at once), lets the
-    /// writer send what is queued, and exits. Background processes of execs that already
-    /// ended are left alone.
-    fn shutdown(&'static self, code: i32) -> ! {
+    /// Ends the one-connection helper: kills the tree of every exec still running
+    /// (SIGKILL at once), lets the writer send what is queued, and exits. Background
+    /// processes of execs that already ended are left alone.
+    fn shutdown(&'static self, link: &Link, code: i32) -> ! {
         if self.stopping.swap(true, Ordering::SeqCst) {
             // Another thread is already shutting down and will exit the process.
             loop {
@@ -422,7 +343,7 @@ impl Helper {
             }
         }
         self.kill_live_execs();
-        self.flush_at_exit();
+        link.flush(FLUSH_AT_END);
         std::process::exit(code)
     }
 }
@@ -433,13 +354,6 @@ fn data_frame(buf: &mut [u8], kind: u8, id: u32, len: usize) -> Vec<u8> {
     buf[4] = kind;
     buf[5..HEADER].copy_from_slice(&id.to_le_bytes());
     buf[..HEADER + len].to_vec()
-}
-
-/// A `FILE_ERROR` frame.
-fn file_error_frame(id: u32, kind: FileError, path: &[u8], msg: &str) -> Vec<u8> {
-    let mut e = Enc::frame(FILE_ERROR, id);
-    e.u8(kind as u8).bytes(path).bytes(msg.as_bytes());
-    e.finish()
 }
 
 /// A spawn failure's kind.
@@ -469,11 +383,10 @@ fn file_error_kind(e: &io::Error) -> FileError {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::proto::{CHUNK, KILLED, PONG, STDERR, STDOUT};
+    use crate::proto::{CHUNK, Dec, STDERR, STDOUT};
     use crate::sys::{EINVAL, ENOSYS};
     use crate::testing::{Frame, TempDir};
 
@@ -495,17 +408,6 @@ mod tests {
         // An empty payload is a whole frame too.
         let frame = data_frame(&mut buf, STDOUT, 7, 0);
         assert_eq!(Frame::parse(&frame).payload, b"");
-    }
-
-    #[test]
-    fn a_file_error_frame_carries_kind_path_and_message() {
-        let f = Frame::parse(&file_error_frame(9, FileError::IsDir, b"a/b", "in the way"));
-        assert_eq!((f.kind, f.id), (FILE_ERROR, 9));
-        let mut d = f.dec();
-        assert_eq!(FileError::from_u8(d.u8().unwrap()), FileError::IsDir);
-        assert_eq!(d.bytes().unwrap(), b"a/b");
-        assert_eq!(d.bytes().unwrap(), b"in the way");
-        assert!(d.rest().is_empty());
     }
 
     #[test]
@@ -540,102 +442,31 @@ mod tests {
     }
 
     #[test]
-    fn frames_are_queued_in_order_and_dropped_once_the_stream_broke() {
+    fn hello_says_who_serves_the_connection() {
         let dir = TempDir::new();
         let h = Helper::for_tests(false, dir.path());
-        h.send_empty(PONG, 1);
-        h.send_u32(KILLED, 2, 1);
-        h.send_spawn_error(3, SpawnError::UserDenied, "no");
-        h.send_file_error(4, FileError::Untrusted, b"d", "link");
-        h.send_protocol_error("bad");
-        let frames = h.take_frames();
-        let heads: Vec<(u8, u32)> = frames.iter().map(|f| (f.kind, f.id)).collect();
+        let f = Frame::parse(&h.hello(4321));
+        assert_eq!((f.kind, f.id), (HELLO, 0));
+        let hello = Hello::decode(&mut Dec::new(&f.payload)).unwrap();
+        let (uid, gid, _) = sys::ids();
         assert_eq!(
-            heads,
-            [
-                (PONG, 1),
-                (KILLED, 2),
-                (SPAWN_ERROR, 3),
-                (FILE_ERROR, 4),
-                (PROTOCOL_ERROR, 0)
-            ]
+            hello,
+            Hello {
+                version: VERSION,
+                pid: std::process::id(),
+                uid,
+                gid,
+                size: h.size,
+                digest: h.digest,
+                relay: 4321,
+                durable: true,
+            }
         );
-        assert!(frames[0].payload.is_empty());
-        assert_eq!(frames[1].u32(), 1);
-        let mut d = frames[2].dec();
-        assert_eq!(SpawnError::from_u8(d.u8().unwrap()), SpawnError::UserDenied);
-        assert_eq!(d.bytes().unwrap(), b"no");
-        assert_eq!(frames[4].dec().bytes().unwrap(), b"bad");
-
-        h.out_broken.store(true, Ordering::SeqCst);
-        h.send_empty(PONG, 5);
-        assert!(h.take_frames().is_empty());
-    }
-
-    #[test]
-    fn the_writer_sends_every_frame_in_order_and_goes_idle() {
-        let dir = TempDir::new();
-        let h = Helper::leaked(false, dir.path());
-        let (mut reader, writer) = io::pipe().unwrap();
-        assert!(start_thread("writer", move || h
-            .writer(File::from(std::os::fd::OwnedFd::from(writer)))));
-        let mut expected = Vec::new();
-        for id in 0..200u32 {
-            let mut e = Enc::frame(STDOUT, id);
-            e.raw(&vec![id as u8; id as usize * 7]);
-            let f = e.finish();
-            expected.extend_from_slice(&f);
-            h.send(f);
-        }
-        let mut got = vec![0u8; expected.len()];
-        reader.read_exact(&mut got).unwrap();
-        assert!(got == expected, "the frames arrived changed or reordered");
-        // Everything written: the writer is idle, and an exit would not wait.
-        let started = Instant::now();
-        h.flush_at_exit();
-        assert!(started.elapsed() < FLUSH_AT_EXIT);
-        assert!(lock(&h.out).idle);
-        // The writer lives on with the test process; a closed pipe would make it exit the
-        // process, so its reader is never closed.
-        std::mem::forget(reader);
-    }
-
-    #[test]
-    fn a_writer_that_trimmed_the_heap_while_idle_still_sends() {
-        let dir = TempDir::new();
-        let h = Helper::leaked(false, dir.path());
-        let (mut reader, writer) = io::pipe().unwrap();
-        assert!(start_thread("writer", move || h
-            .writer(File::from(std::os::fd::OwnedFd::from(writer)))));
-        for round in 0..2u32 {
-            let mut e = Enc::frame(STDOUT, round);
-            e.raw(&vec![round as u8; 100_000]);
-            let f = e.finish();
-            h.send(f.clone());
-            let mut got = vec![0u8; f.len()];
-            reader.read_exact(&mut got).unwrap();
-            assert!(got == f, "round {round}: the frame arrived changed");
-            // Quiet for longer than TRIM_AFTER: the writer trims, then waits again.
-            thread::sleep(TRIM_AFTER + Duration::from_millis(300));
-            assert!(lock(&h.out).idle);
-        }
-        std::mem::forget(reader);
-    }
-
-    #[test]
-    fn flush_at_exit_gives_up_on_a_writer_that_cannot_write() {
-        let dir = TempDir::new();
-        let h = Helper::for_tests(false, dir.path());
-        // No writer runs: the queue never empties.
-        h.send_empty(PONG, 1);
-        let started = Instant::now();
-        h.flush_at_exit();
-        let waited = started.elapsed();
-        assert!(waited >= FLUSH_AT_EXIT, "{waited:?}");
-        assert!(
-            waited < FLUSH_AT_EXIT + Duration::from_secs(5),
-            "{waited:?}"
-        );
+        let mut single = Helper::for_tests(false, dir.path());
+        single.durable = false;
+        let f = Frame::parse(&single.hello(0));
+        let hello = Hello::decode(&mut Dec::new(&f.payload)).unwrap();
+        assert_eq!((hello.relay, hello.durable), (0, false));
     }
 
     #[test]
@@ -660,5 +491,6 @@ mod tests {
         }));
         let name = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(name.as_deref(), Some("named"));
+        let _ = Instant::now();
     }
 }

@@ -99,18 +99,34 @@
 //!   directory there of another owner or mode is not used. Inside, per build (so that a
 //!   relay never talks to a daemon of another build): the socket
 //!   `<digest as 16 hex digits>.sock` and a lock file `<digest>.lock`. A relay takes the
-//!   lock (`flock`), connects, and only when that fails removes a stale socket, starts a
+//!   lock (`flock`, bounded), connects, and only when that fails (or the process that
+//!   listens runs as another user, `SO_PEERCRED`) removes the stale socket, starts a
 //!   daemon and waits (bounded) until it listens; then it unlocks. So two relays starting
-//!   at once start one daemon.
+//!   at once start one daemon. A directory of ours with another mode is made 0700; a
+//!   lock file that is not a file of ours is not used.
 //! - The daemon accepts only peers of its own uid (or root; `SO_PEERCRED`), at most
 //!   [`MAX_CONNECTIONS`] at once, each with a reader and a writer thread of its own.
 //! - When the daemon cannot be used (the directory is not ours, the file system is
 //!   read-only, no socket can be bound), the relay serves its connection itself, as
 //!   version 2 did: nothing outlives the stream, and its `HELLO` says so
-//!   ([`Hello::durable`] false).
+//!   ([`Hello::durable`] false). When its stdin ends, a relay waits a few seconds at most
+//!   for the daemon to end the connection (it first kills what has no grace), then exits.
 //! - Exec ids are the daemon's, not the connection's: any connection may `ATTACH`, `KILL`
 //!   or `RELEASE` any exec; a `SPAWN` of an id the daemon holds a record of is refused
-//!   ([`SpawnError::IdInUse`]); the host then tries another id.
+//!   ([`SpawnError::IdInUse`]; so is one of an exec whose record was forgotten while a
+//!   background process of it lives, and one this connection uses for a file operation);
+//!   the host then tries another id. A `PUT` or `GET` is refused an id only when this
+//!   connection uses it (for a file operation, or an exec attached to it). Since ids are
+//!   shared, a frame for an id whose exec is over may reach a later exec of the same id
+//!   (another connection's): a host sends nothing for an id after its record is gone
+//!   (its `EXIT`, for a non-detached exec; `GONE`).
+//! - Every frame of an exec goes to the connection attached to it, except the answers to
+//!   a request, which go to the connection that asked: `KILLED` to the one that sent the
+//!   `KILL`, a `STDIN_ACK` to the one that sent the data, `ATTACHED`/`GONE` and `EXECS`.
+//!   `STARTED` and `SPAWN_ERROR` go to the spawning connection (another that attached
+//!   before a spawn failed gets `GONE`). A `CREDIT` counts only from the connection
+//!   attached (it grants what that connection was sent); a `DISCARD` from another
+//!   connection is ignored.
 //!
 //! Every exec has a *record* in the daemon: its output (stdout and stderr together, in
 //! the order the helper read them, each byte with an *offset* counted from 0), its state
@@ -128,25 +144,36 @@
 //!   exited and every byte was sent; or `GONE` (no record of that id: never spawned,
 //!   released, or another build's daemon). `from` = `u64::MAX` means "from the end" (no
 //!   output, only what comes next and the `EXIT`). A connection that was attached to the
-//!   exec gets `DETACHED` and no more frames of that id. `STDIN`, `STDIN_EOF`, `RESIZE`
-//!   and `KILL` of the exec are taken from any connection.
+//!   exec gets `DETACHED` and no more frames of that id. The connection attached already
+//!   may `ATTACH` again: its output starts over from `at` (what was still queued of it
+//!   for that connection is dropped; no `DETACHED`). `STDIN`, `STDIN_EOF`, `RESIZE` and
+//!   `KILL` of the exec are taken from any connection. [`Attached::stdin_taken`] counts
+//!   the data of every `STDIN` frame the helper took (queued for the command, or
+//!   acknowledged and dropped because stdin is not a pipe or had `STDIN_EOF`).
 //! - When a connection ends (EOF, a broken stream, a protocol error): its file operations
 //!   are abandoned; each exec attached to it is unattached. A detached exec
 //!   ([`Spawn::detach`]) runs on. Any other exec still running is killed when
-//!   [`Spawn::grace_ms`] passes without an `ATTACH` (0: at once, the version 2 rule); an
-//!   exec that already exited keeps its record for the same time (so that a host that
-//!   reconnects still gets its `EXIT`), then it is forgotten.
-//! - host `RELEASE`: the host is done with the exec: once it exited, its record is
-//!   forgotten (no more frames of it; a later `ATTACH` is `GONE`). A record is also
-//!   forgotten when a non-detached exec's `EXIT` went out and a `RELEASE` came, and at
-//!   the latest when the container goes. At most [`MAX_RECORDS`] records exist; a
-//!   `SPAWN` beyond is refused ([`SpawnError::Resources`]); exited detached records are
-//!   forgotten oldest first to make room for a new exec.
+//!   [`Spawn::grace_ms`] passes without an `ATTACH` (as `KILL` does: `SIGTERM`, then
+//!   `SIGKILL` after [`KILL_GRACE_MS`]; 0: `SIGKILL` at once, the version 2 rule, before
+//!   the helper closes the connection); an exec that already exited keeps its record for
+//!   the same time (so that a host that reconnects still gets its `EXIT`), then it is
+//!   forgotten; one killed by its grace is forgotten once it exited.
+//! - host `RELEASE`: the host is done with the exec: its record is forgotten once the
+//!   exec exited (at once if it did; no more frames of it; a later `ATTACH` is `GONE`).
+//!   A non-detached exec's record is also forgotten as soon as its `EXIT` went out to the
+//!   connection attached (as in version 2: no `RELEASE` is needed), and any record at the
+//!   latest when the container goes; a detached exec's record stays after its `EXIT`
+//!   until a `RELEASE`. At most [`MAX_RECORDS`] records exist; a `SPAWN` beyond is
+//!   refused ([`SpawnError::Resources`]); exited detached records (whose `EXIT` went out,
+//!   or that no connection is attached to) are forgotten oldest first to make room for a
+//!   new exec.
 //! - `DISCARD` of a non-detached exec is as before (its output is drained and dropped,
 //!   its `EXIT` still sent, then it is forgotten). `DISCARD` of a detached exec only
 //!   unattaches it from this connection (its output is kept).
 //! - host `LIST` (id: a request id, like a file operation's) → helper `EXECS` (same id):
-//!   [`ExecInfo`] of every record.
+//!   [`ExecInfo`] of every record, in the order they were made. Should they not fit in
+//!   one frame ([`MAX_PAYLOAD`]: the bounds above allow a little more), each record's
+//!   `argv` is cut to an equal share of what fits.
 //!
 //! # Connection
 //! - helper `HELLO` (id 0) first: [`Hello`].
@@ -162,6 +189,9 @@
 //! - The helper never blocks reading stdin on a write to stdout (one writer thread with a
 //!   queue; what it queues is bounded by the credits and windows above): on Kubernetes
 //!   one task carries both directions, and a helper that stopped reading could deadlock it.
+//!   The one exception bounds a peer that asks and never reads: with more than 64 MiB
+//!   queued for a connection, the helper takes its next `ATTACH`, `LIST` or `GET` only
+//!   once that connection read some (a host that reads its stream never gets there).
 
 use std::fmt;
 
@@ -221,7 +251,8 @@ pub const RESIZE: u8 = 10;
 /// The host reads no more output of this id (its reader is gone): the helper stops
 /// sending `STDOUT`/`STDERR`/`ENTRY` for it, keeps draining an exec's pipes (dropping the
 /// data, so the process is never blocked on them) and still sends its `EXIT`; a `GET` is
-/// abandoned (its file closed) with no further frame. `KILL` implies it.
+/// abandoned (its file closed) with no further frame. A detached exec is only unattached
+/// from this connection (its output is kept). `KILL` implies it.
 pub const DISCARD: u8 = 9;
 /// u64 `from`: attach this connection to the exec, its output from offset `from` on.
 pub const ATTACH: u8 = 11;
@@ -484,8 +515,8 @@ pub struct Attached {
     pub end: u64,
     /// The command's pid.
     pub pid: u32,
-    /// Stdin bytes the helper took for this exec so far (written or queued), so that a
-    /// host that reconnects sends only what follows.
+    /// Stdin bytes the helper took for this exec so far (written or queued, or
+    /// acknowledged and dropped), so that a host that reconnects sends only what follows.
     pub stdin_taken: u64,
     /// Its stdin is a pipe that has not had `STDIN_EOF`.
     pub stdin_open: bool,

@@ -1,5 +1,6 @@
-//! An exec's streams: the output thread (stdout and stderr under the credit rule, and the
-//! command's status from the shepherd's channel, then `EXIT`) and the stdin thread.
+//! An exec's streams: the output thread (stdout and stderr into the exec's record, sent
+//! under the attached connection's credit, and the command's status from the shepherd's
+//! channel, then `EXIT`) and the stdin thread.
 
 use std::fs::File;
 use std::io::{self, ErrorKind, Read, Write};
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::exec::Exec;
 use crate::procs::{Proc, scan};
-use crate::proto::{CHUNK, EXIT, EXITED, Enc, SIGNALED, STDERR, STDIN_ACK, STDOUT};
-use crate::{HEADER, Helper, data_frame, diag, lock, shepherd, sys, wait};
+use crate::proto::{CHUNK, STDERR, STDIN_ACK, STDOUT};
+use crate::{Helper, diag, lock, shepherd, sys, wait};
 
 /// How long a terminal must stay quiet, once its command was reaped, to be taken as
 /// drained.
@@ -21,9 +22,11 @@ const TTY_QUIET: Duration = Duration::from_millis(50);
 const TTY_DRAIN: Duration = Duration::from_secs(2);
 
 impl Helper {
-    /// Reads the exec's stdout and stderr under the credit rule (once the host discarded
-    /// the exec: without credit, dropping the data) and the command's status from the
-    /// shepherd's channel `ctl`, then sends `EXIT`.
+    /// Reads the exec's stdout and stderr into its record (see `record.rs`: while a
+    /// connection is attached, only as far as the record has room for bytes it was not
+    /// sent, so a command that prints faster than the host reads is blocked on its pipe;
+    /// unattached or discarded, always) and the command's status from the shepherd's
+    /// channel `ctl`; then the exec is over (`EXIT`).
     pub(crate) fn output_thread(
         &'static self,
         ex: &Exec,
@@ -38,7 +41,7 @@ impl Helper {
         let mut wake = File::from(OwnedFd::from(wake));
         let mut ctl_open = true;
         let mut inbox = Vec::new();
-        let mut buf = vec![0u8; HEADER + CHUNK];
+        let mut buf = vec![0u8; CHUNK];
         let mut reaped = false;
         // Once the root is reaped: what is still buffered in each pipe, the rest is dropped.
         let mut budget = [usize::MAX; 2];
@@ -69,11 +72,22 @@ impl Helper {
             if pipes.iter().all(Option::is_none) {
                 break;
             }
+            // No room: the pipes are not read (the command blocks on them) until a
+            // credit, a detach or a discard makes some and kicks the wake pipe.
+            let room = {
+                let mut st = lock(&ex.st);
+                let room = st.room();
+                st.starved = room == 0;
+                room
+            };
+            let polled = room > 0;
             let mut fds = [sys::PollFd::default(); 4];
             let mut slots = [usize::MAX; 4];
             let mut n = 0;
             for (i, p) in pipes.iter().enumerate() {
-                if let Some(f) = p {
+                if let Some(f) = p
+                    && room > 0
+                {
                     fds[n] = sys::PollFd {
                         fd: f.as_raw_fd(),
                         events: sys::POLLIN,
@@ -83,7 +97,7 @@ impl Helper {
                     n += 1;
                 }
             }
-            let wake_slot = (!reaped).then(|| {
+            let wake_slot = (!reaped || room == 0).then(|| {
                 fds[n] = sys::PollFd {
                     fd: wake.as_raw_fd(),
                     events: sys::POLLIN,
@@ -102,6 +116,7 @@ impl Helper {
                 n - 1
             });
             let wait_ms = match (reaped, tty) {
+                _ if room == 0 => -1,
                 (false, _) => -1,
                 (true, false) => 0,
                 (true, true) => TTY_QUIET.as_millis() as i32,
@@ -115,10 +130,11 @@ impl Helper {
                 }
             }
             let mut progress = false;
+            let mut room = room;
             for (k, fd) in fds[..n].iter().enumerate() {
                 if Some(k) == wake_slot {
                     if fd.revents != 0 {
-                        let mut b = [0u8; 16];
+                        let mut b = [0u8; 64];
                         let _ = wake.read(&mut b);
                     }
                     continue;
@@ -134,21 +150,18 @@ impl Helper {
                 // until EIO.
                 let hung_up_tty = tty && fd.revents & sys::POLLHUP != 0;
                 if fd.revents & sys::POLLIN != 0 || hung_up_tty {
+                    if room == 0 {
+                        // The other pipe took the room: next round.
+                        continue;
+                    }
                     progress = true;
-                    // None: discarded, the data is read and dropped.
-                    let credit = ex.flow.wait_credit(1);
-                    let want = (CHUNK as u64)
-                        .min(credit.unwrap_or(u64::MAX))
-                        .min(budget[i] as u64) as usize;
+                    let want = room.min(budget[i]).min(CHUNK);
                     let Some(f) = pipes[i].as_mut() else { continue };
-                    match f.read(&mut buf[HEADER..HEADER + want]) {
+                    match f.read(&mut buf[..want]) {
                         Ok(0) => pipes[i] = None,
                         Ok(m) => {
-                            if credit.is_some() {
-                                let frame = data_frame(&mut buf, KINDS[i], ex.id, m);
-                                // Within the credit: never waits (only this thread takes).
-                                ex.flow.send(self, frame, m as u64);
-                            }
+                            self.append_output(ex, KINDS[i], &buf[..m]);
+                            room -= m;
                             if reaped {
                                 budget[i] = budget[i].saturating_sub(m);
                             }
@@ -165,7 +178,7 @@ impl Helper {
                     pipes[i] = None;
                 }
             }
-            if reaped && (!progress || (tty && Instant::now() >= drain_until)) {
+            if reaped && polled && (!progress || (tty && Instant::now() >= drain_until)) {
                 // Nothing buffered any more; a background process holds the pipe: stop.
                 pipes = [None, None];
             }
@@ -174,26 +187,18 @@ impl Helper {
         while ctl_open && ex.status().is_none() {
             ctl_open = self.read_shepherd(ex, &mut ctl, &mut inbox);
         }
-        let mut st = lock(&ex.st);
-        while st.status.is_none() {
-            st = wait(&ex.cv, st);
-        }
-        let status = st.status.unwrap_or(0);
-        let (kind, value) = if status & 0x7f == 0 {
-            (EXITED, (status >> 8) & 0xff)
-        } else {
-            (SIGNALED, status & 0x7f)
+        let status = {
+            let mut st = lock(&ex.st);
+            while st.status.is_none() {
+                st = wait(&ex.cv, st);
+            }
+            st.status.unwrap_or(0)
         };
-        let mut e = Enc::frame(EXIT, ex.id);
-        e.u8(kind).u32(value as u32);
-        st.done = true;
-        self.send(e.finish());
-        drop(st);
-        ex.cv.notify_all();
-        self.exec_finished(ex.id);
+        self.exec_over(ex, status);
     }
 
-    /// Feeds the exec's stdin from its queue, acknowledging what was written or dropped.
+    /// Feeds the exec's stdin from its queue, acknowledging what was written or dropped
+    /// to the connection that sent it.
     pub(crate) fn stdin_thread(&'static self, ex: &Exec, pipe: File) {
         let _ = sys::set_nonblocking(pipe.as_raw_fd());
         if !ex.wait_started() {
@@ -201,7 +206,7 @@ impl Helper {
         }
         let mut broken = false;
         loop {
-            let chunk = {
+            let (chunk, from) = {
                 let mut st = lock(&ex.st);
                 loop {
                     if st.done {
@@ -228,7 +233,7 @@ impl Helper {
                 return;
             }
             st.queued = st.queued.saturating_sub(chunk.len());
-            self.send_u32(STDIN_ACK, ex.id, chunk.len() as u32);
+            from.send_u32(STDIN_ACK, ex.id, chunk.len() as u32);
         }
     }
 
@@ -337,7 +342,8 @@ mod tests {
     use std::sync::mpsc::channel;
 
     use super::*;
-    use crate::proto::{INITIAL_CREDIT, SIGNALED};
+    use crate::link::Link;
+    use crate::proto::{EXIT, EXITED, Enc, INITIAL_CREDIT, MIN_KEEP, SIGNALED};
     use crate::testing::{Frame, TempDir};
 
     fn file<T: Into<OwnedFd>>(p: T) -> File {
@@ -377,6 +383,21 @@ mod tests {
         }
     }
 
+    /// A test exec attached to a new link, registered with `h` (its shepherd a pid no
+    /// process has).
+    fn attached(
+        h: &Helper,
+        id: u32,
+        piped: bool,
+    ) -> (Arc<Exec>, Arc<Link>, UnixStream, UnixStream, io::PipeReader) {
+        let (ex, theirs, reader, wake) = Exec::for_tests(id, piped);
+        let ex = Arc::new(ex);
+        let link = Arc::new(Link::new(None));
+        ex.attach_for_tests(&link);
+        h.register_for_tests(&ex, i32::MAX - id as i32);
+        (ex, link, theirs, reader, wake)
+    }
+
     /// Runs the output thread of a started test exec on a thread of its own; its end
     /// arrives on the returned channel.
     fn run_output(
@@ -401,8 +422,7 @@ mod tests {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
         for (status, exit) in [(3 << 8, (EXITED, 3)), (9, (SIGNALED, 9)), (0, (EXITED, 0))] {
-            let (ex, mut theirs, reader, wake) = Exec::for_tests(3, false);
-            let ex = Arc::new(ex);
+            let (ex, link, mut theirs, reader, wake) = attached(h, 3, false);
             let (out_r, mut out_w) = io::pipe().unwrap();
             let (err_r, mut err_w) = io::pipe().unwrap();
             out_w.write_all(b"hello ").unwrap();
@@ -414,11 +434,14 @@ mod tests {
             let done = run_output(h, &ex, pipes, wake, reader);
             done.recv_timeout(Duration::from_secs(10)).unwrap();
             let mut got = Got::default();
-            got.add(h.take_frames());
+            got.add(link.take_frames());
             assert_eq!(got.stdout, b"hello world");
             assert_eq!(got.stderr, b"oops");
             assert_eq!(got.exit, Some(exit), "status {status:#x}");
             assert!(ex.is_done());
+            // Its EXIT went out: a non-detached exec's record is forgotten.
+            assert!(lock(&ex.st).gone);
+            lock(&h.reg).execs.clear();
         }
     }
 
@@ -426,11 +449,10 @@ mod tests {
     fn the_status_may_come_after_the_pipes_ended() {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
-        let (ex, mut theirs, reader, wake) = Exec::for_tests(4, false);
-        let ex = Arc::new(ex);
+        let (ex, link, mut theirs, reader, wake) = attached(h, 4, false);
         let done = run_output(h, &ex, [None, None], wake, reader);
         assert!(done.recv_timeout(Duration::from_millis(200)).is_err());
-        assert!(h.take_frames().is_empty());
+        assert!(link.take_frames().is_empty());
         // Split across writes: a frame counts once whole.
         let f = status_frame(7 << 8);
         theirs.write_all(&f[..3]).unwrap();
@@ -438,7 +460,7 @@ mod tests {
         theirs.write_all(&f[3..]).unwrap();
         done.recv_timeout(Duration::from_secs(10)).unwrap();
         let mut got = Got::default();
-        got.add(h.take_frames());
+        got.add(link.take_frames());
         assert_eq!(got.exit, Some((EXITED, 7)));
     }
 
@@ -446,8 +468,7 @@ mod tests {
     fn a_pipe_held_open_by_a_background_process_does_not_delay_exit() {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
-        let (ex, mut theirs, reader, wake) = Exec::for_tests(5, false);
-        let ex = Arc::new(ex);
+        let (ex, link, mut theirs, reader, wake) = attached(h, 5, false);
         let (out_r, mut out_w) = io::pipe().unwrap();
         let (err_r, err_w) = io::pipe().unwrap();
         out_w.write_all(b"buffered").unwrap();
@@ -456,7 +477,7 @@ mod tests {
         // Both writers stay open: what was buffered is sent, then EXIT.
         done.recv_timeout(Duration::from_secs(10)).unwrap();
         let mut got = Got::default();
-        got.add(h.take_frames());
+        got.add(link.take_frames());
         assert_eq!(got.stdout, b"buffered");
         assert_eq!(got.exit, Some((EXITED, 0)));
         drop((out_w, err_w));
@@ -466,12 +487,11 @@ mod tests {
     fn output_waits_for_credit_and_a_discarded_exec_is_drained_silently() {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
-        let (ex, mut theirs, reader, wake) = Exec::for_tests(6, false);
-        let ex = Arc::new(ex);
+        let (ex, link, mut theirs, reader, wake) = attached(h, 6, false);
         let (out_r, mut out_w) = io::pipe().unwrap();
         let (err_r, err_w) = io::pipe().unwrap();
         drop(err_w);
-        let total = INITIAL_CREDIT as usize + 3 * CHUNK;
+        let total = INITIAL_CREDIT as usize + 3 * MIN_KEEP as usize;
         let writer = thread::spawn(move || {
             let data = vec![b'x'; total];
             out_w.write_all(&data).unwrap();
@@ -481,48 +501,119 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.stdout.len() < INITIAL_CREDIT as usize {
             assert!(Instant::now() < deadline, "{} bytes", got.stdout.len());
-            got.add(h.take_frames());
+            got.add(link.take_frames());
             thread::sleep(Duration::from_millis(5));
         }
         thread::sleep(Duration::from_millis(200));
-        got.add(h.take_frames());
+        got.add(link.take_frames());
         assert_eq!(
             got.stdout.len(),
             INITIAL_CREDIT as usize,
             "beyond the credit"
         );
-        ex.flow.grant(100);
+        // The record took what it may keep unsent, no more: the writer is blocked.
+        assert_eq!(
+            lock(&ex.st).out.end(),
+            u64::from(INITIAL_CREDIT) + u64::from(MIN_KEEP)
+        );
+        assert!(!writer.is_finished());
+        h.grant(&link, 6, 100);
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.stdout.len() < INITIAL_CREDIT as usize + 100 {
             assert!(Instant::now() < deadline, "the grant was not used");
-            got.add(h.take_frames());
+            got.add(link.take_frames());
             thread::sleep(Duration::from_millis(5));
         }
         thread::sleep(Duration::from_millis(100));
-        got.add(h.take_frames());
+        got.add(link.take_frames());
         assert_eq!(got.stdout.len(), INITIAL_CREDIT as usize + 100);
         // Discarded: the rest is read (the writer finishes) and dropped; EXIT follows.
-        ex.flow.discard();
+        h.discard_exec(&link, 6);
         writer.join().unwrap();
         theirs.write_all(&status_frame(0)).unwrap();
         done.recv_timeout(Duration::from_secs(10)).unwrap();
-        got.add(h.take_frames());
+        got.add(link.take_frames());
         assert_eq!(got.stdout.len(), INITIAL_CREDIT as usize + 100);
         assert_eq!(got.exit, Some((EXITED, 0)));
+    }
+
+    #[test]
+    fn unattached_output_is_kept_up_to_keep_and_never_blocks_the_command() {
+        let dir = TempDir::new();
+        let h = Helper::leaked(false, dir.path());
+        let (ex, mut theirs, reader, wake) = Exec::for_tests(13, false);
+        let ex = Arc::new(ex);
+        let (out_r, mut out_w) = io::pipe().unwrap();
+        let (err_r, mut err_w) = io::pipe().unwrap();
+        let total = 5 * MIN_KEEP as usize + 77;
+        let writer = thread::spawn(move || {
+            for i in 0..total / 1000 {
+                out_w.write_all(&[i as u8; 500]).unwrap();
+                err_w.write_all(&[i as u8; 500]).unwrap();
+            }
+            out_w.write_all(&vec![1u8; total % 1000]).unwrap();
+        });
+        let done = run_output(h, &ex, [Some(file(out_r)), Some(file(err_r))], wake, reader);
+        writer.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&ex.st).out.end() < total as u64 {
+            assert!(Instant::now() < deadline, "not all was read");
+            thread::sleep(Duration::from_millis(5));
+        }
+        let st = lock(&ex.st);
+        assert_eq!(st.out.base(), (total - MIN_KEEP as usize) as u64);
+        drop(st);
+        theirs.write_all(&status_frame(0)).unwrap();
+        done.recv_timeout(Duration::from_secs(10)).unwrap();
+        let st = lock(&ex.st);
+        assert_eq!(st.exit, Some((EXITED, 0)));
+        assert!(!st.exit_sent && !st.gone);
+    }
+
+    #[test]
+    fn a_command_blocked_on_a_full_record_runs_on_once_unattached() {
+        let dir = TempDir::new();
+        let h = Helper::leaked(false, dir.path());
+        let (ex, link, mut theirs, reader, wake) = attached(h, 14, false);
+        let (out_r, mut out_w) = io::pipe().unwrap();
+        let total = INITIAL_CREDIT as usize + 8 * MIN_KEEP as usize;
+        let writer = thread::spawn(move || out_w.write_all(&vec![b'y'; total]).unwrap());
+        let done = run_output(h, &ex, [Some(file(out_r)), None], wake, reader);
+        let full = u64::from(INITIAL_CREDIT) + u64::from(MIN_KEEP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&ex.st).out.end() < full {
+            assert!(Instant::now() < deadline, "the record never filled");
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(lock(&ex.st).out.end(), full);
+        assert!(lock(&ex.st).starved);
+        // The connection goes: the thread is woken, reads on, keeps the last bytes.
+        h.connection_ended(&link);
+        writer.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&ex.st).out.end() < total as u64 {
+            assert!(Instant::now() < deadline, "not all was read");
+            thread::sleep(Duration::from_millis(5));
+        }
+        theirs.write_all(&status_frame(0)).unwrap();
+        done.recv_timeout(Duration::from_secs(10)).unwrap();
+        let sent: usize = link.take_frames().iter().map(|f| f.payload.len()).sum();
+        assert_eq!(sent, INITIAL_CREDIT as usize);
     }
 
     #[test]
     fn an_abandoned_exec_sends_nothing() {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
-        let (ex, _theirs, reader, wake) = Exec::for_tests(7, true);
+        let (ex, link, _theirs, reader, wake) = attached(h, 7, true);
         lock(&ex.st).done = true;
         let (out_r, mut out_w) = io::pipe().unwrap();
         out_w.write_all(b"never sent").unwrap();
         h.output_thread(&ex, [Some(file(out_r)), None], wake, reader);
         let (_r, w) = io::pipe().unwrap();
         h.stdin_thread(&ex, file(w));
-        assert!(h.take_frames().is_empty());
+        assert!(link.take_frames().is_empty());
     }
 
     #[test]
@@ -531,14 +622,13 @@ mod tests {
         let h = Helper::leaked(false, dir.path());
         // Wait status of the shepherd → the exec's end.
         for (ws, signal) in [(15, 15), (9, 9), (1 << 8, 9), (0, 9)] {
-            let (ex, theirs, reader, wake) = Exec::for_tests(8, false);
-            let ex = Arc::new(ex);
+            let (ex, link, theirs, reader, wake) = attached(h, 8, false);
             lock(&ex.st).shepherd_status = Some(ws);
             let done = run_output(h, &ex, [None, None], wake, reader);
             drop(theirs); // Closed without a status.
             done.recv_timeout(Duration::from_secs(10)).unwrap();
             let mut got = Got::default();
-            got.add(h.take_frames());
+            got.add(link.take_frames());
             assert_eq!(got.exit, Some((SIGNALED, signal)), "wait status {ws:#x}");
         }
     }
@@ -549,6 +639,7 @@ mod tests {
         let h = Helper::leaked(false, dir.path());
         let (ex, _theirs, _reader, _wake) = Exec::for_tests(9, true);
         let ex = Arc::new(ex);
+        let from = Arc::new(Link::new(None));
         let (mut r, w) = io::pipe().unwrap();
         ex.started_for_tests();
         let feeder = ex.clone();
@@ -556,7 +647,7 @@ mod tests {
         for chunk in [&b"ab"[..], b"", b"cde"] {
             let mut st = lock(&ex.st);
             st.queued += chunk.len();
-            st.queue.push_back(chunk.to_vec());
+            st.queue.push_back((chunk.to_vec(), from.clone()));
             drop(st);
             ex.cv.notify_all();
         }
@@ -568,7 +659,7 @@ mod tests {
         t.join().unwrap();
         // The pipe is closed: the process sees EOF.
         assert_eq!(r.read(&mut buf).unwrap(), 0);
-        let acks: Vec<(u8, u32, u32)> = h
+        let acks: Vec<(u8, u32, u32)> = from
             .take_frames()
             .iter()
             .map(|f| (f.kind, f.id, f.u32()))
@@ -585,18 +676,23 @@ mod tests {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
         let (ex, _theirs, _reader, _wake) = Exec::for_tests(10, true);
+        let (a, b) = (Arc::new(Link::new(None)), Arc::new(Link::new(None)));
         let (r, w) = io::pipe().unwrap();
         drop(r);
         {
             let mut st = lock(&ex.st);
-            st.queue.extend([b"lost".to_vec(), b"too".to_vec()]);
+            st.queue
+                .extend([(b"lost".to_vec(), a.clone()), (b"too".to_vec(), b.clone())]);
             st.queued = 7;
             st.eof = true;
         }
         ex.started_for_tests();
         h.stdin_thread(&ex, file(w));
-        let acks: Vec<u32> = h.take_frames().iter().map(Frame::u32).collect();
-        assert_eq!(acks, [4, 3]);
+        // Each acknowledged to the connection that sent it.
+        let acks: Vec<u32> = a.take_frames().iter().map(Frame::u32).collect();
+        assert_eq!(acks, [4]);
+        let acks: Vec<u32> = b.take_frames().iter().map(Frame::u32).collect();
+        assert_eq!(acks, [3]);
     }
 
     #[test]

@@ -98,6 +98,20 @@ const SFD_CLOEXEC: c_int = 0o2000000;
 const SYS_PIDFD_SEND_SIGNAL: c_long = 424;
 const SYS_PIDFD_OPEN: c_long = 434;
 
+const LOCK_EX: c_int = 2;
+const LOCK_NB: c_int = 4;
+const SOL_SOCKET: c_int = 1;
+const SO_PEERCRED: c_int = 17;
+
+/// `struct ucred`.
+#[repr(C)]
+#[derive(Default)]
+struct UCred {
+    pid: c_int,
+    uid: c_uint,
+    gid: c_uint,
+}
+
 /// glibc's `sigset_t` (1024 bits).
 #[repr(C)]
 struct SigSet([u64; 16]);
@@ -123,6 +137,14 @@ unsafe extern "C" {
     fn signalfd(fd: c_int, mask: *const SigSet, flags: c_int) -> c_int;
     fn syscall(num: c_long, ...) -> c_long;
     fn chdir(path: *const c_char) -> c_int;
+    safe fn flock(fd: c_int, op: c_int) -> c_int;
+    fn getsockopt(
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        value: *mut UCred,
+        len: *mut c_uint,
+    ) -> c_int;
 }
 
 #[cfg(target_env = "gnu")]
@@ -343,6 +365,39 @@ pub fn pidfd_signal(fd: &OwnedFd, sig: i32) -> bool {
     }
 }
 
+/// Takes an exclusive `flock` on `f` without waiting: true if taken, false if another
+/// open file holds it. Released when every descriptor of that open file is closed.
+pub fn try_lock_exclusive(f: &File) -> io::Result<bool> {
+    match check(flock(f.as_raw_fd(), LOCK_EX | LOCK_NB)) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(EAGAIN) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The process at the other end of a connected unix socket, as the kernel recorded it
+/// when the connection was made (`SO_PEERCRED`): pid, uid, gid.
+pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<(i32, u32, u32)> {
+    let mut cred = UCred::default();
+    let mut len = std::mem::size_of::<UCred>() as c_uint;
+    // SAFETY: `cred` and `len` are writable and outlive the call; `len` is the size of
+    // the buffer `cred` is.
+    check(unsafe {
+        getsockopt(
+            sock.as_raw_fd(),
+            SOL_SOCKET,
+            SO_PEERCRED,
+            &mut cred,
+            &mut len,
+        )
+    })?;
+    Ok((cred.pid, cred.uid, cred.gid))
+}
+
+/// Open for reading only.
+pub const O_RDONLY: c_int = 0;
+/// Open for reading and writing.
+pub const O_RDWR: c_int = 0o2;
 /// Open for writing only.
 pub const O_WRONLY: c_int = 0o1;
 /// Create the file ...
@@ -775,6 +830,33 @@ mod tests {
         assert_eq!((status & 0x7f, (status >> 8) & 0xff), (0, 3));
         // Gone now: no such child.
         assert_eq!(reap(pid).unwrap_err().raw_os_error(), Some(ECHILD));
+    }
+
+    #[test]
+    fn an_exclusive_lock_is_held_by_one_open_file_at_a_time() {
+        let tmp = TempDir::new();
+        let path = tmp.join("lock");
+        let a = File::create(&path).unwrap();
+        let b = File::open(&path).unwrap();
+        assert!(try_lock_exclusive(&a).unwrap());
+        // Again through the same open file: still its own.
+        assert!(try_lock_exclusive(&a).unwrap());
+        assert!(!try_lock_exclusive(&b).unwrap());
+        drop(a);
+        assert!(try_lock_exclusive(&b).unwrap());
+    }
+
+    #[test]
+    fn the_peer_of_a_unix_socket_is_known() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (pid, uid, gid) = peer_cred(a.as_fd()).unwrap();
+        let (_, _, euid) = ids();
+        assert_eq!((pid as u32, uid), (std::process::id(), euid));
+        let egid = fs::metadata("/proc/self").unwrap().gid();
+        assert_eq!(gid, egid);
+        // Not a socket.
+        let f = File::open("/dev/null").unwrap();
+        assert!(peer_cred(f.as_fd()).is_err());
     }
 
     #[test]

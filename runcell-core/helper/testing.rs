@@ -1,17 +1,16 @@
 //! What the modules' unit tests share (compiled only for them): a [`Helper`] without side
-//! effects on the test process, the frames it queued, and temporary directories.
+//! effects on the test process, frames as a host reads them, and temporary directories.
 
-use std::collections::VecDeque;
 use std::env;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use crate::exec::Registry;
 use crate::proto::{self, Dec};
-use crate::{Helper, OutQueue, lock, sys};
+use crate::{Helper, sys};
 
 /// A frame the helper queued: kind, id, payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,38 +46,33 @@ impl Frame {
 }
 
 impl Helper {
-    /// A helper as [`Helper::new`] makes one, but without touching the test process (no
-    /// subreaper, no copy of stdout; no writer runs): the test's own ids, `root` as given,
-    /// the working directory `cwd` and the test's environment.
+    /// A daemon's helper as [`Helper::new`] makes one, but without touching the test
+    /// process (no subreaper; no thread runs): the test's own ids, `root` as given, the
+    /// working directory `cwd` and the test's environment.
     pub(crate) fn for_tests(root: bool, cwd: &Path) -> Helper {
         let (uid, gid, _) = sys::ids();
         Helper {
-            out: Mutex::new(OutQueue::default()),
-            out_cv: Condvar::new(),
-            idle_cv: Condvar::new(),
-            out_broken: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            durable: true,
             pid: std::process::id() as i32,
             uid,
             gid,
             root,
+            size: 1234,
+            digest: 0x5678,
             cwd: cwd.to_path_buf(),
             cwd_id: fs::metadata(cwd).ok().map(|m| (m.dev(), m.ino())),
             base_env: env::vars_os().collect(),
             reg: Mutex::new(Registry::default()),
             reg_cv: Condvar::new(),
+            janitor_cv: Condvar::new(),
+            connections: AtomicUsize::new(0),
         }
     }
 
     /// [`Helper::for_tests`], for as long as the test process lives (threads borrow it).
     pub(crate) fn leaked(root: bool, cwd: &Path) -> &'static Helper {
         Box::leak(Box::new(Helper::for_tests(root, cwd)))
-    }
-
-    /// Takes the frames queued so far.
-    pub(crate) fn take_frames(&self) -> Vec<Frame> {
-        let frames: VecDeque<Vec<u8>> = std::mem::take(&mut lock(&self.out).frames);
-        frames.iter().map(|f| Frame::parse(f)).collect()
     }
 }
 

@@ -177,16 +177,34 @@ pub trait RunExt: Run {
     }
 
     /// Waits for exec `id` to end (from any process) and returns its status, reading
-    /// none of its output.
+    /// none of its output and taking it from no reader (it watches [`Run::execs`], every
+    /// 50 ms at first, then every 500 ms). For a detached exec, or one whose record was
+    /// not released yet: a non-detached exec's record goes once its own stream read its
+    /// status, and then this is [`ErrorKind::NotFound`] naming `exec_id`.
     async fn wait_exec(&self, id: crate::ExecId) -> Result<ExitStatus> {
-        Ok(self.reattach(id, crate::FROM_NOW).await?.wait().await)
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            let list = self.execs().await?;
+            let Some(info) = list.into_iter().find(|e| e.id == id) else {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("the run has no exec {id} (never started here, or released)"),
+                )
+                .with_field("exec_id")
+                .with("run", self.id()));
+            };
+            if let Some(status) = info.status {
+                return Ok(status);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(500));
+        }
     }
 
     /// Writes one file (its parent directory must exist) with `mode`, replacing a regular
     /// file of that name. `path` must be absolute and name a file; a path that is a
     /// directory in the run is [`ErrorKind::InvalidSpec`] naming `path`, and nothing is
     /// changed. For large files see [`RunExt::put_file_stream`].
-
     async fn put_file(&self, path: &str, contents: &[u8], mode: u32) -> Result<()> {
         let len = contents.len() as u64;
         self.put_file_stream(path, std::io::Cursor::new(contents.to_vec()), len, mode)

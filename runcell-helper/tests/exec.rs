@@ -20,7 +20,11 @@ use common::*;
 fn hello_describes_the_helper() {
     let h = Helper::start();
     assert_eq!(h.hello.version, VERSION);
-    assert_eq!(h.hello.pid, h.child.id());
+    // The daemon serves the connection, through the relay the test started.
+    assert!(h.hello.durable);
+    assert_eq!(h.hello.relay, h.child.id());
+    assert_ne!(h.hello.pid, h.child.id());
+    assert_eq!(h.inst.daemons(), [h.hello.pid]);
     let status = fs::read_to_string("/proc/self/status").unwrap();
     let field = |name: &str| -> u32 {
         let line = status.lines().find(|l| l.starts_with(name)).unwrap();
@@ -345,14 +349,12 @@ fn discard_of_a_running_exec_drains_it_and_still_exits() {
 fn a_spawn_of_several_mebibytes() {
     // Exec's own limit on argv + env is a quarter of the stack limit (at most 6 MiB) and
     // 128 KiB per string: raise the former, keep under the latter.
-    let mut h = Helper::start_with(|c| {
-        let mut p = Command::new("sh");
-        p.args(["-c", r#"ulimit -s 65536 && exec "$0""#, BIN]);
-        std::mem::swap(c, &mut p);
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-    });
+    // The daemon, started by the relay, inherits the limit.
+    let inst = Instance::new();
+    let mut p = Command::new("sh");
+    p.args(["-c", r#"ulimit -s 65536 && exec "$0""#])
+        .arg(&inst.exe);
+    let mut h = Helper::start_cmd(inst, p);
     let pieces = 14;
     let len = 120_000;
     let script = r#"n=0; for a in "$@"; do n=$((n + ${#a})); done; echo "$# $n ${#RUNCELL_BIG_0} ${#RUNCELL_BIG_13}""#;
@@ -390,15 +392,9 @@ fn root_makes_its_own_directory_and_executable_root_owned() {
         std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
         fs::set_permissions(p, fs::Permissions::from_mode(0o777)).unwrap();
     }
-    let e = exe.clone();
-    let h = Helper::start_with(|c| {
-        let mut p = Command::new(&e);
-        std::mem::swap(c, &mut p);
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-    });
+    let h = Helper::start_cmd(Instance::at(&exe), Command::new(&exe));
     assert_eq!(h.hello.uid, 0);
+    assert!(h.hello.durable);
     for p in [&own, &exe] {
         let m = fs::metadata(p).unwrap();
         assert_eq!(
@@ -414,7 +410,9 @@ fn root_makes_its_own_directory_and_executable_root_owned() {
 fn stdin_is_read_while_stdout_is_blocked() {
     let dir = TempDir::new();
     let marker = dir.path().join("spawned");
-    let mut child = Command::new(BIN)
+    let inst = Instance::new();
+    let mut child = inst
+        .command()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -444,7 +442,8 @@ fn stdin_is_read_while_stdout_is_blocked() {
         );
         thread::sleep(Duration::from_millis(20));
     }
-    // And it exits when its stdin ends, even though its stdout is still blocked.
+    // And the relay exits when its stdin ends, even though its stdout is still blocked
+    // (the daemon's last frames wait for nobody).
     drop(stdin);
     let deadline = Instant::now() + PATIENCE;
     let status = loop {

@@ -9,8 +9,9 @@ mod common;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -114,17 +115,17 @@ fn a_pids_limit_gives_typed_resource_errors() {
     // RLIMIT_NPROC counts the tasks of a uid (a uid of its own per helper). The helper has
     // 3 threads (main, writer, reaper); an exec takes its shepherd, its process and an
     // output thread.
+    // The install's directory is root's: a relay of another user cannot make the daemon
+    // directory there, and serves its connection itself (3 threads, as version 2 did).
     let start_limited = |uid: u32, nproc: u32| {
-        Helper::start_with(|c| {
-            use std::os::unix::process::CommandExt;
-            let mut p = Command::new("/usr/bin/prlimit");
-            p.arg(format!("--nproc={nproc}")).arg("--").arg(BIN);
-            p.uid(uid).gid(uid).current_dir("/");
-            std::mem::swap(c, &mut p);
-            c.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-        })
+        use std::os::unix::process::CommandExt;
+        let inst = Instance::new();
+        let mut p = Command::new("/usr/bin/prlimit");
+        p.arg(format!("--nproc={nproc}")).arg("--").arg(&inst.exe);
+        p.uid(uid).gid(uid).current_dir("/");
+        let h = Helper::start_cmd(inst, p);
+        assert!(!h.hello.durable);
+        h
     };
     let uid = 54000 + (std::process::id() % 1000) * 2;
 
@@ -185,6 +186,8 @@ fn helper_not_running_as_root() {
     assert_eq!((h.hello.uid, h.hello.gid), (65534, 65534));
     // It reads its own executable although it is not dumpable.
     assert_eq!((h.hello.size, h.hello.digest), fnv_of_file(BIN));
+    // Its install's directory is root's: it serves its connection itself.
+    assert!(!h.hello.durable);
     // Not dumpable: its /proc files belong to root, so processes of its own uid cannot
     // read its descriptors or ptrace it.
     // (`/proc/<pid>` itself, world-readable, keeps showing its effective uid.)
@@ -272,19 +275,32 @@ fn a_fork_bomb_under_a_pids_limit_is_killed_by_its_shepherd() {
         return;
     }
     let uid = 57000 + (std::process::id() % 1000) * 2;
-    let mut h = Helper::start_with(|c| {
+    let inst = Instance::new();
+    let mut p = Command::new("/usr/bin/prlimit");
+    {
         use std::os::unix::process::CommandExt;
-        let mut p = Command::new("/usr/bin/prlimit");
-        p.arg("--nproc=48").arg("--").arg(BIN);
+        p.arg("--nproc=48").arg("--").arg(&inst.exe);
         p.uid(uid).gid(uid).current_dir("/");
-        std::mem::swap(c, &mut p);
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-    });
+    }
+    let mut h = Helper::start_cmd(inst, p);
     let other = h.spawn(1, &spawn_of(&["sleep", "1000"])).unwrap();
     let other_start = assert_alive(other);
     let other_shepherd = stat_fields(other).unwrap().ppid;
+    // A spare shepherd, not taken by an exec: the helper's child with no child itself.
+    let helper = h.child.id();
+    let spare = |pid: &u32| {
+        stat_fields(*pid).is_some_and(|s| s.ppid == helper)
+            && fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"runcell-shepherd\0"))
+            && !processes_of(uid)
+                .iter()
+                .any(|c| stat_fields(*c).is_some_and(|s| s.ppid == *pid))
+    };
+    // The spare that replaces the one exec 1 took is started after its STARTED: idle
+    // is what runs once it is there.
+    eventually("the next spare is ready", || {
+        processes_of(uid).iter().any(&spare)
+    });
     let idle = processes_of(uid);
     // Forks until the kernel refuses (the shell then exits, its children orphaned to
     // the shepherd): no process slot is left for anything new.
@@ -300,15 +316,6 @@ fn a_fork_bomb_under_a_pids_limit_is_killed_by_its_shepherd() {
     eprintln!("{full} processes, killed in {:?}", t.elapsed());
     // Left: what ran before the bomb (the helper, the other exec and its shepherd; the
     // spare shepherd the bomb's exec took is gone), and at most one new spare.
-    let helper = h.child.id();
-    let spare = |pid: &u32| {
-        stat_fields(*pid).is_some_and(|s| s.ppid == helper)
-            && fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.starts_with(b"runcell-shepherd\0"))
-            && !processes_of(uid)
-                .iter()
-                .any(|c| stat_fields(*c).is_some_and(|s| s.ppid == *pid))
-    };
     eventually(
         "only the helper, the other exec and a spare are left",
         || {
@@ -323,6 +330,20 @@ fn a_fork_bomb_under_a_pids_limit_is_killed_by_its_shepherd() {
         "the other exec was killed"
     );
     assert!(idle.contains(&other_shepherd));
-    assert_eq!(h.run(4, &spawn_of(&["true"])).exit, (EXITED, 0));
+    // Room again, once the kernel counted the reaped tasks out of the limit.
+    let mut id = 4;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match h.spawn(id, &spawn_of(&["true"])) {
+            Ok(_) => break,
+            Err((SpawnError::Resources, msg)) => {
+                assert!(Instant::now() < deadline, "never room again: {msg}");
+                thread::sleep(Duration::from_millis(50));
+                id += 1;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(h.wait_exit(id).exit, (EXITED, 0));
     assert_eq!(kill_and_wait(&mut h, 1).0, SIGNALED);
 }

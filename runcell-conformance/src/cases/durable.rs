@@ -109,7 +109,7 @@ async fn durable_or_refused(cx: &Context, run: &dyn Run) -> anyhow::Result<bool>
 /// exact status; reading again from 0 gives everything again until the record is
 /// released, after which the id is `NotFound`. A detached command is killed by id, and
 /// the specs that make no sense are refused first.
-pub async fn a_detached_exec_outlives_its_stream_and_is_read_from_another_process(
+pub async fn a_detached_exec_outlives_its_stream_and_is_read_elsewhere(
     cx: &Context,
 ) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;

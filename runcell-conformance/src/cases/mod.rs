@@ -142,7 +142,7 @@ pub static CASES: &[Case] = &[
     case!(cpu_limit_is_honoured_or_unsupported),
     case!(pids_limit_is_honoured_or_unsupported),
     case!(disk_limit_is_enforced_or_unsupported),
-    case!(a_detached_exec_outlives_its_stream_and_is_read_from_another_process),
+    case!(a_detached_exec_outlives_its_stream_and_is_read_elsewhere),
     case!(a_stream_resumes_when_its_connection_breaks),
     case!(a_command_without_grace_dies_with_its_connection),
     case!(output_lost_while_detached_is_reported_exactly),

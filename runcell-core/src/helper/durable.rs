@@ -5,6 +5,7 @@
 //! An exec's *link* is the session it is reached through now: its kill, resize and
 //! output follow it when the output resumes through another session.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,14 +58,27 @@ pub(crate) type Reconnect = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<Sessio
 pub(crate) struct ExecLink {
     pub(crate) id: u32,
     session: Mutex<Arc<Session>>,
+    /// Another reader attached to the exec (`DETACHED` came): the command is that
+    /// reader's now, and this stream's end must not kill it.
+    taken_over: Arc<AtomicBool>,
 }
 
 impl ExecLink {
-    pub(crate) fn new(id: u32, session: Arc<Session>) -> Arc<ExecLink> {
+    pub(crate) fn new(
+        id: u32,
+        session: Arc<Session>,
+        taken_over: Arc<AtomicBool>,
+    ) -> Arc<ExecLink> {
         Arc::new(ExecLink {
             id,
             session: Mutex::new(session),
+            taken_over,
         })
+    }
+
+    /// True once another reader took the exec over.
+    pub(crate) fn taken_over(&self) -> bool {
+        self.taken_over.load(Ordering::SeqCst)
     }
 
     /// The session to reach the exec through.
@@ -142,7 +156,8 @@ impl Resume {
         loop {
             let last = match (self.reconnect)().await {
                 Ok(session) => match session.attach(self.link.id, self.offset).await {
-                    Ok(Some((attached, events))) => {
+                    Ok(Some((attached, mut events))) => {
+                        events.taken_over = self.link.taken_over.clone();
                         if attached.at < self.offset {
                             return Err(format!(
                                 "{why}; the helper resumed the exec at offset {} before {}",

@@ -242,6 +242,12 @@ pub(crate) struct Receiver {
     credit: Arc<AtomicI64>,
     pub(super) done: bool,
     pub(super) kill_on_drop: bool,
+    /// Set when another connection took the exec over (`DETACHED`): its command is that
+    /// reader's now, and this one's end must not kill it.
+    pub(crate) taken_over: Arc<std::sync::atomic::AtomicBool>,
+    /// The session's table: an id dropped before its last event leaves it at once (a
+    /// detached exec's last event never comes to a reader that let go of it).
+    table: std::sync::Weak<Mutex<Table>>,
     /// Sent instead of `DISCARD` when dropped early (a detached exec's reader only
     /// lets go of it: `DISCARD` of a detached exec unattaches it).
     pub(super) on_drop: u8,
@@ -304,6 +310,7 @@ impl Receiver {
                             return None;
                         }
                         Some(Event::Detached) => {
+                            events.taken_over.store(true, Ordering::SeqCst);
                             return Some((
                                 Err(io::Error::other(
                                     "another stream attached to this exec and reads it now",
@@ -351,6 +358,16 @@ impl Drop for Receiver {
     fn drop(&mut self) {
         if self.done {
             return;
+        }
+        if let Some(table) = self.table.upgrade() {
+            let mut table = lock(&table);
+            if table
+                .slots
+                .get(&self.id)
+                .is_some_and(|slot| Arc::ptr_eq(&slot.mailbox, &self.mailbox))
+            {
+                table.slots.remove(&self.id);
+            }
         }
         if self.kill_on_drop {
             let _ = self.frames.send(Enc::frame(proto::KILL, self.id).finish());
@@ -696,6 +713,8 @@ impl Session {
             credit,
             done: false,
             kill_on_drop: false,
+            taken_over: Arc::default(),
+            table: Arc::downgrade(&self.table),
             on_drop: proto::DISCARD,
         };
         Ok((receiver, stdin))
@@ -736,8 +755,8 @@ impl Session {
         deadline: Option<Instant>,
         resume: Option<super::durable::Reconnect>,
     ) -> Result<(u32, RawProcess, Arc<super::durable::ExecLink>)> {
-        let (id, process, resume) = self.spawn_raw(raw, opts, deadline, resume).await?;
-        let link = super::durable::ExecLink::new(id, self.clone());
+        let (id, process, resume, taken_over) = self.spawn_raw(raw, opts, deadline, resume).await?;
+        let link = super::durable::ExecLink::new(id, self.clone(), taken_over);
         let process = match resume {
             Some((events, status, reconnect)) => RawProcess {
                 output: events.into_output(
@@ -774,6 +793,7 @@ impl Session {
             Arc<Mutex<Option<ExitStatus>>>,
             super::durable::Reconnect,
         )>,
+        Arc<std::sync::atomic::AtomicBool>,
     )> {
         let tty = opts.tty;
         let piped = !matches!(raw.stdin, Stdin::Null);
@@ -845,6 +865,7 @@ impl Session {
                         status: Box::new(HelperStatus(status)),
                     },
                     None,
+                    Arc::default(),
                 ));
             }
             Answer::Silent => {
@@ -852,19 +873,19 @@ impl Session {
                 tracing::warn!("{why}; its connection is dropped");
                 self.retire(&why);
                 let (id, process) = may_have_run(id, why);
-                return Ok((id, process, None));
+                return Ok((id, process, None, Arc::default()));
             }
         };
         let may_have_run = |id, why| {
             let (id, process) = may_have_run(id, why);
-            Ok((id, process, None))
+            Ok((id, process, None, Arc::default()))
         };
         events.kill_on_drop = false;
         match event {
             Some(Event::Started) => {}
             Some(Event::SpawnFailed(kind, message)) => {
                 let (id, process) = spawn_failed(id, &raw.argv[0], kind, message)?;
-                return Ok((id, process, None));
+                return Ok((id, process, None, Arc::default()));
             }
             Some(Event::Lost(why)) => return may_have_run(id, why),
             None => return may_have_run(id, "the helper connection closed".into()),
@@ -881,8 +902,9 @@ impl Session {
             stdin,
             status: Box::new(HelperStatus(status.clone())),
         };
+        let taken_over = events.taken_over.clone();
         match resume {
-            Some(reconnect) => Ok((id, process, Some((events, status, reconnect)))),
+            Some(reconnect) => Ok((id, process, Some((events, status, reconnect)), taken_over)),
             None => Ok((
                 id,
                 RawProcess {
@@ -890,6 +912,7 @@ impl Session {
                     ..process
                 },
                 None,
+                taken_over,
             )),
         }
     }

@@ -420,7 +420,7 @@ impl<B: Backend> Run for CoreRun<B> {
             .with_field("exec_id")
             .with("run", &self.id));
         };
-        let link = ExecLink::new(id.get(), session);
+        let link = ExecLink::new(id.get(), session, events.taken_over.clone());
         let status = Arc::new(std::sync::Mutex::new(None));
         let resume = Resume::reattached(link.clone(), self.reconnect(), attached.at);
         let mut output = events.into_output(status.clone(), Some(resume));

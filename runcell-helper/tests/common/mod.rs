@@ -1,5 +1,6 @@
-//! What the helper's integration tests share: a running helper and a synchronous client
-//! for it, temporary directories, and checks of processes in `/proc`.
+//! What the helper's integration tests share: an install of the helper per test (its own
+//! daemon), relays to it with a synchronous client each, temporary directories, and
+//! checks of processes in `/proc`.
 //!
 //! Each test file includes this module (`mod common;`) and uses a part of it.
 #![allow(dead_code)]
@@ -12,6 +13,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::thread;
@@ -78,25 +80,135 @@ impl Output {
     }
 }
 
-/// A running helper and a synchronous client for it.
+/// One install of the helper: the built helper linked (or copied) into a fresh
+/// directory of its own, so that its daemon (the directory `d` beside the executable,
+/// the socket in it) is this test's alone. Dropped with its last connection: its daemons
+/// are killed (their shepherds then kill every exec) and the directory is removed.
+pub struct Instance {
+    /// The directory the executable is in.
+    pub dir: PathBuf,
+    /// The executable.
+    pub exe: PathBuf,
+    /// The directory is the instance's (removed on drop).
+    owned: bool,
+}
+
+impl Instance {
+    /// A fresh install under /tmp.
+    pub fn new() -> Arc<Instance> {
+        let dir = PathBuf::from("/tmp").join(unique("runcell-helper-test"));
+        fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("helper");
+        // A link has no write descriptor that a fork elsewhere in the test process could
+        // hold open (ETXTBSY); a copy (made by another process) where links fail.
+        if fs::hard_link(BIN, &exe).is_err() {
+            let copied = Command::new("cp").arg(BIN).arg(&exe).status().unwrap();
+            assert!(copied.success());
+        }
+        Arc::new(Instance {
+            dir,
+            exe,
+            owned: true,
+        })
+    }
+
+    /// An executable the test placed itself (its directory is left alone on drop).
+    pub fn at(exe: &Path) -> Arc<Instance> {
+        Arc::new(Instance {
+            dir: exe.parent().unwrap().to_path_buf(),
+            exe: exe.to_path_buf(),
+            owned: false,
+        })
+    }
+
+    /// A command that starts a relay of this install.
+    pub fn command(&self) -> Command {
+        Command::new(&self.exe)
+    }
+
+    /// The daemon directory.
+    pub fn daemon_dir(&self) -> PathBuf {
+        self.dir.join(DAEMON_DIR)
+    }
+
+    /// The pids of this install's daemons (by their command line: the executable's
+    /// path, then the daemon argument).
+    pub fn daemons(&self) -> Vec<u32> {
+        let mut head = self.exe.as_os_str().as_encoded_bytes().to_vec();
+        head.push(0);
+        head.extend_from_slice(DAEMON_ARG.as_bytes());
+        head.push(0);
+        fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(&head))
+                    && proc_stat(*pid).is_some_and(|(state, _)| state != 'Z')
+            })
+            .collect()
+    }
+
+    /// Kills this install's daemons (SIGKILL) and waits until they are gone.
+    pub fn kill_daemons(&self) {
+        for pid in self.daemons() {
+            let start = proc_stat(pid).map(|s| s.1);
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+            if let Some(start) = start {
+                assert_gone(pid, start);
+            }
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.kill_daemons();
+        if self.owned {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A running relay (a connection to its install's daemon, or a helper serving itself)
+/// and a synchronous client for it.
 pub struct Helper {
     pub child: Child,
     pub stdin: Option<ChildStdin>,
     pub rx: Receiver<Frame>,
     pub hello: Hello,
+    /// The install: its daemon lives while a connection to it does.
+    pub inst: Arc<Instance>,
 }
 
 impl Helper {
+    /// A relay of a fresh install (which starts the install's daemon).
     pub fn start() -> Helper {
         Helper::start_with(|_| {})
     }
 
+    /// [`Helper::start`], its command configured by `configure`.
     pub fn start_with(configure: impl FnOnce(&mut Command)) -> Helper {
-        let mut cmd = Command::new(BIN);
+        let inst = Instance::new();
+        let mut cmd = inst.command();
+        configure(&mut cmd);
+        Helper::start_cmd(inst, cmd)
+    }
+
+    /// Another connection to the same install (a relay of its own).
+    pub fn connect(&self) -> Helper {
+        Helper::start_cmd(self.inst.clone(), self.inst.command())
+    }
+
+    /// Runs `cmd` (a relay of `inst`, possibly through a wrapper) with piped stdin and
+    /// stdout, and reads its `HELLO`.
+    pub fn start_cmd(inst: Arc<Instance>, mut cmd: Command) -> Helper {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        configure(&mut cmd);
         let mut child = cmd.spawn().expect("start the helper");
         let mut out = child.stdout.take().unwrap();
         let stdin = child.stdin.take();
@@ -136,6 +248,7 @@ impl Helper {
             stdin,
             rx,
             hello,
+            inst,
         }
     }
 
@@ -266,7 +379,43 @@ impl Helper {
             .collect()
     }
 
-    /// Closes the helper's stdin and waits for it to exit.
+    /// `ATTACH` and its answer: `Some(ATTACHED)` or `None` (`GONE`).
+    pub fn attach(&mut self, id: u32, from: u64) -> Option<Attached> {
+        let mut e = Enc::frame(ATTACH, id);
+        e.u64(from);
+        self.send(e.finish());
+        loop {
+            let f = self.recv();
+            if f.id != id {
+                continue;
+            }
+            match f.kind {
+                ATTACHED => return Some(Attached::decode(&mut Dec::new(&f.payload)).unwrap()),
+                GONE => return None,
+                // What an earlier attachment of this connection still had queued.
+                STDOUT | STDERR | EXIT | STDIN_ACK | KILLED => {}
+                k => panic!("unexpected frame kind {k} before ATTACHED"),
+            }
+        }
+    }
+
+    /// `LIST` (request id `id`) and its answer.
+    pub fn list(&mut self, id: u32) -> Vec<ExecInfo> {
+        self.send_empty(LIST, id);
+        loop {
+            let f = self.recv();
+            if (f.kind, f.id) != (EXECS, id) {
+                continue;
+            }
+            let mut d = Dec::new(&f.payload);
+            let n = d.u32().unwrap();
+            let list = (0..n).map(|_| ExecInfo::decode(&mut d).unwrap()).collect();
+            assert!(d.rest().is_empty());
+            return list;
+        }
+    }
+
+    /// Closes the relay's stdin and waits for it to exit.
     pub fn close(&mut self) -> ExitStatus {
         drop(self.stdin.take());
         let deadline = Instant::now() + PATIENCE;
