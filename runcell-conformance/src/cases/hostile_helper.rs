@@ -50,12 +50,18 @@ async fn helper_pid(run: &dyn Run) -> anyhow::Result<u32> {
     }
 }
 
-/// Kills the helper from inside (its stream breaks: the next exec starts a new one). The
-/// killer is itself a child of the helper: it may or may not report.
+/// Kills the helper from inside, its daemon and every relay (its stream breaks: the next
+/// exec starts a new one). The killer is itself a child of the daemon: it may or may not
+/// report, and it has no grace (its stream does not resume, so that the exec after it is
+/// the one that starts the new session).
 async fn kill_helper(run: &dyn Run) {
     let script = format!("for p in $({HELPER_PIDS}); do kill -9 $p; done");
     let _ = run
-        .exec(ExecSpec::new(["sh", "-c", &script]).timeout(Duration::from_secs(20)))
+        .exec(
+            ExecSpec::new(["sh", "-c", &script])
+                .timeout(Duration::from_secs(20))
+                .grace(Duration::ZERO),
+        )
         .await;
 }
 
@@ -503,11 +509,12 @@ pub async fn a_new_session_runs_the_shipped_helper(cx: &Context) -> anyhow::Resu
 const REPLACE: &str = "printf '#!/bin/sh\\ntouch /tmp/fake-ran\\nexec sleep 1000\\n' > /.runcell/helper.x && \
      chmod 755 /.runcell/helper.x && mv -f /.runcell/helper.x /.runcell/helper";
 
-/// Waits until exactly one helper runs (an old handle's may still be ending), from a
-/// binary equal to the shipped one, and no stand-in ever ran.
+/// Waits until exactly one helper daemon runs (an old one may still be ending), the file
+/// at the helper's path is the shipped one, and no stand-in ever ran.
 async fn one_shipped_helper(run: &dyn Run, when: &str) -> anyhow::Result<()> {
     let script = format!(
-        "n=0; for p in $({HELPER_PIDS}); do n=$((n+1)); done; echo helpers=$n; \
+        "n=0; for p in $({HELPER_PIDS}); do case \"$(tr '\\0' ' ' < /proc/$p/cmdline)\" in \
+           *' --daemon '*) n=$((n+1));; esac; done; echo helpers=$n; \
          cmp -s /.runcell/helper /tmp/shipped && echo file=shipped || echo file=other; \
          test -e /tmp/fake-ran && echo fake-ran; true"
     );

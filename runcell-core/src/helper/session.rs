@@ -527,17 +527,28 @@ impl Session {
                     }
                     io::Result::Ok(())
                 };
-                let why = tokio::select! {
+                let (why, writable) = tokio::select! {
                     r = write => match r {
-                        Ok(()) => "the session closed".to_string(),
-                        Err(e) => format!("writing to the helper failed: {e}"),
+                        Ok(()) => ("the session closed".to_string(), true),
+                        Err(e) => (format!("writing to the helper failed: {e}"), false),
                     },
-                    _ = stop.cancelled() => "the session closed".to_string(),
+                    _ = stop.cancelled() => ("the session closed".to_string(), true),
                 };
                 fail_all(&table, &why);
                 stop.cancel();
-                // A helper that does not read may never let the close through.
-                let _ = tokio::time::timeout(Duration::from_secs(1), sink.shutdown()).await;
+                // What was queued before the close still goes out, in order, bounded (a
+                // helper that does not read may never take it): above all the `KILL` of
+                // a spawn given up on, which must reach the daemon after its `SPAWN`.
+                let flush = async {
+                    while let Ok(frame) = frames_rx.try_recv() {
+                        sink.write_all(&frame).await?;
+                    }
+                    sink.flush().await?;
+                    sink.shutdown().await
+                };
+                if writable {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), flush).await;
+                }
             });
         }
 
@@ -855,6 +866,9 @@ impl Session {
                 tracing::warn!(
                     "{why}; its connection is dropped, the exec killed through the engine"
                 );
+                // Its `KILL` queued first: a stopped daemon that goes on reads it after the
+                // `SPAWN` (the connection's end alone would leave the command its grace).
+                drop(events);
                 self.retire(why);
                 // The deadline passed: the pump times the exec out and kills it.
                 return Ok((
@@ -871,6 +885,7 @@ impl Session {
             Answer::Silent => {
                 let why = format!("the helper did not answer a spawn within {ANSWER_TIMEOUT:?}");
                 tracing::warn!("{why}; its connection is dropped");
+                drop(events);
                 self.retire(&why);
                 let (id, process) = may_have_run(id, why);
                 return Ok((id, process, None, Arc::default()));
@@ -1101,6 +1116,14 @@ fn dispatch(
     let bad = || format!("the helper sent a malformed frame (kind {kind})");
     let mut d = Dec::new(payload);
     let mut table = lock(table);
+    // Output or an end for an id whose `STARTED`/`ATTACHED` has not come is what the
+    // helper still sent to an earlier reader of the same exec on this connection (one
+    // that let go of it): not this reader's, dropped.
+    if matches!(kind, proto::STDOUT | proto::STDERR | proto::EXIT)
+        && table.slots.get(&id).is_some_and(|slot| slot.awaiting_start)
+    {
+        return Ok(());
+    }
     let len = i64::try_from(payload.len()).unwrap_or(i64::MAX);
     if matches!(kind, proto::STDOUT | proto::STDERR | proto::ENTRY)
         && let Some(slot) = table.slots.get(&id)

@@ -471,7 +471,11 @@ impl<B: Backend> Run for CoreRun<B> {
         self.known_exec(&session, id).await?;
         session
             .release(id.get())
-            .map_err(|e| e.with("run", &self.id))
+            .map_err(|e| e.with("run", &self.id))?;
+        // Frames of one connection are taken in order: once a later `LIST` is answered,
+        // the release was, and no process finds the record any more.
+        session.list().await.map_err(|e| e.with("run", &self.id))?;
+        Ok(())
     }
 
     async fn stop(&self) -> Result<()> {
