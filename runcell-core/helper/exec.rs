@@ -624,9 +624,9 @@ impl Helper {
         ex.order_kill(true);
     }
 
-    /// Sends the shepherd its order, waits (bounded) for its answer, starts the exec's
-    /// threads and sends `STARTED`; on a failure sends `SPAWN_ERROR` and abandons the exec
-    /// (its shepherd killed).
+    /// Starts the exec's stdin thread, sends the shepherd its order, waits (bounded) for
+    /// its answer, sends `STARTED` and goes on as the exec's output thread; on a failure
+    /// sends `SPAWN_ERROR` and abandons the exec (its shepherd killed).
     fn finish_spawn(&'static self, ex: &Arc<Exec>, link: &Arc<Link>, s: Spawned) {
         let Spawned {
             mine,
@@ -635,6 +635,19 @@ impl Helper {
             pipes,
             wake_r,
         } = s;
+        let h = self;
+        // Its stdin thread first, before the command runs (it waits for the start): a
+        // command that fills the pids limit at once must not leave its exec without one.
+        if let Some(p) = stdin {
+            let ex_in = ex.clone();
+            if !start_thread("stdin", move || h.stdin_thread(&ex_in, p)) {
+                return self.abandon(
+                    ex,
+                    link,
+                    Some((SpawnError::Resources, "cannot start a thread")),
+                );
+            }
+        }
         let mut reader = mine;
         let answer = reader
             .set_write_timeout(Some(SHEPHERD_ANSWER))
@@ -661,18 +674,6 @@ impl Helper {
         };
         let _ = reader.set_read_timeout(None);
         let _ = lock(&ex.ctl).set_write_timeout(Some(Duration::from_secs(1)));
-        let h = self;
-        let ex_out = ex.clone();
-        let mut ok = start_thread("output", move || {
-            h.output_thread(&ex_out, pipes, wake_r, reader)
-        });
-        if ok && let Some(p) = stdin {
-            let ex_in = ex.clone();
-            ok = start_thread("stdin", move || h.stdin_thread(&ex_in, p));
-        }
-        if !ok {
-            return abandon(SpawnError::Resources, "cannot start a thread".into());
-        }
         {
             let mut st = lock(&ex.st);
             link.send_u32(STARTED, ex.id, root);
@@ -680,6 +681,10 @@ impl Helper {
             st.root = Some(root as i32);
         }
         ex.cv.notify_all();
+        self.refill_spare();
+        // This thread goes on as the exec's output thread: no new thread is needed once
+        // the command runs (it may have filled the pids limit already).
+        h.output_thread(ex, pipes, wake_r, reader);
     }
 
     // ---- reaping and tracking ----------------------------------------------------------
