@@ -18,6 +18,10 @@ use super::session::{ANSWER_TIMEOUT, Event, Receiver, Session};
 use crate::error::{Error, ErrorKind, Result};
 use crate::spec::{DEFAULT_GRACE, DEFAULT_OUTPUT_BUFFER, ExecSpec};
 
+/// How long one reconnect may take (a new engine exec, an upload, the greeting) before
+/// the next is tried.
+const RECONNECT_BOUND: Duration = Duration::from_secs(15);
+
 /// What a `SPAWN` carries besides the command.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SpawnOpts {
@@ -154,7 +158,14 @@ impl Resume {
             "the exec's connection broke ({why}); resuming it"
         );
         loop {
-            let last = match (self.reconnect)().await {
+            let attempt = tokio::time::timeout(RECONNECT_BOUND, (self.reconnect)()).await;
+            let attempt = attempt.unwrap_or_else(|_| {
+                Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("a reconnect took over {RECONNECT_BOUND:?}"),
+                ))
+            });
+            let last = match attempt {
                 Ok(session) => match session.attach(self.link.id, self.offset).await {
                     Ok(Some((attached, mut events))) => {
                         events.taken_over = self.link.taken_over.clone();

@@ -201,6 +201,17 @@ impl<B: Backend> CoreRun<B> {
         Arc::new(move || {
             let (backend, id, state) = (backend.clone(), id.clone(), state.clone());
             Box::pin(async move {
+                // A broken stream most often means the target died: say so at once
+                // rather than retry a start that cannot work.
+                if let Ok(Err(gone)) =
+                    tokio::time::timeout(TARGET_CHECK_BOUND, backend.attach_target(&id)).await
+                    && matches!(gone.kind(), ErrorKind::RunLost | ErrorKind::NotFound)
+                {
+                    return Err(Error::new(
+                        ErrorKind::RunLost,
+                        format!("the run's target is gone: {gone}"),
+                    ));
+                }
                 live_session(&backend, &id, mode, &state)
                     .await?
                     .ok_or_else(|| {
