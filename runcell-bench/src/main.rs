@@ -90,12 +90,13 @@ async fn throughput(run: &Arc<dyn Run>, parallel: usize, total: usize) -> Res<f6
     Ok(total as f64 / t.elapsed().as_secs_f64())
 }
 
-/// The helper's resident memory in the sandbox (kB), read from its `/proc` entry once it
+/// The helper daemon's resident memory in the sandbox (kB), read from its `/proc` entry once it
 /// has been idle for 2 s (it gives its free heap pages back after 1 s without traffic).
 async fn helper_rss_kb(run: &dyn Run) -> Res<u64> {
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The daemon (it owns every exec; each connection's relay is a small process apart).
     let script = "for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in \
-                  /.runcell/helper*) grep VmRSS $d/status;; esac; done";
+                  '/.runcell/helper --daemon '*) grep VmRSS $d/status;; esac; done";
     let out = run.exec(ExecSpec::new(["sh", "-c", script])).await?;
     let kb = out
         .stdout_str()
