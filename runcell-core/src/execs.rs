@@ -96,6 +96,16 @@ impl ExecInfo {
     }
 }
 
+/// [`crate::ErrorKind::NotFound`] naming `exec_id`: run `run` has no record of exec `id`.
+pub(crate) fn no_such_exec(id: ExecId, run: &str) -> Error {
+    Error::new(
+        crate::ErrorKind::NotFound,
+        format!("the run has no exec {id} (never started here, or released)"),
+    )
+    .with_field("exec_id")
+    .with("run", run)
+}
+
 /// An `EXIT` frame's status.
 pub(crate) fn exit_status(kind: u8, value: i32) -> ExitStatus {
     if kind == crate::helper::proto::SIGNALED {

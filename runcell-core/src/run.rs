@@ -186,12 +186,7 @@ pub trait RunExt: Run {
         loop {
             let list = self.execs().await?;
             let Some(info) = list.into_iter().find(|e| e.id == id) else {
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!("the run has no exec {id} (never started here, or released)"),
-                )
-                .with_field("exec_id")
-                .with("run", self.id()));
+                return Err(crate::execs::no_such_exec(id, self.id()));
             };
             if let Some(status) = info.status {
                 return Ok(status);

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::proto::{self, Attached, Enc};
 pub(crate) use super::session::HelperStatus as SharedStatus;
-use super::session::{ANSWER_TIMEOUT, Event, Receiver, Session};
+use super::session::{ANSWER_TIMEOUT, Event, Receiver, Session, lost};
 use crate::error::{Error, ErrorKind, Result};
 use crate::spec::{DEFAULT_GRACE, DEFAULT_OUTPUT_BUFFER, ExecSpec};
 
@@ -221,32 +221,18 @@ impl Session {
         let mut frame = Enc::frame(proto::ATTACH, id);
         frame.u64(from);
         self.send_frame(frame.finish())?;
-        let answer = tokio::time::timeout(ANSWER_TIMEOUT, events.next()).await;
-        match answer {
-            Ok(Some(Event::Attached(a))) => {
-                if a.at > a.end {
-                    let why = format!(
-                        "the helper attached exec {id} at {} past its end {}",
-                        a.at, a.end
-                    );
-                    self.retire(&why);
-                    return Err(lost(why));
-                }
-                Ok(Some((a, events)))
-            }
-            Ok(Some(Event::Gone)) => Ok(None),
-            Ok(Some(Event::Lost(why))) => Err(lost(why)),
-            Ok(None) => Err(lost("the helper connection closed")),
-            Ok(Some(other)) => {
-                let why = format!("the helper answered an attach with {other:?}");
+        match self.answer(&mut events, "an attach").await? {
+            Event::Attached(a) if a.at > a.end => {
+                let why = format!(
+                    "the helper attached exec {id} at {} past its end {}",
+                    a.at, a.end
+                );
                 self.retire(&why);
                 Err(lost(why))
             }
-            Err(_) => {
-                let why = format!("the helper did not answer an attach within {ANSWER_TIMEOUT:?}");
-                self.retire(&why);
-                Err(lost(why))
-            }
+            Event::Attached(a) => Ok(Some((a, events))),
+            Event::Gone => Ok(None),
+            other => Err(self.unexpected("an attach", &other)),
         }
     }
 
@@ -255,29 +241,36 @@ impl Session {
         let (mut events, _) = self.open_id_at(None, false, false)?;
         let id = events.id;
         self.send_frame(Enc::frame(proto::LIST, id).finish())?;
+        match self.answer(&mut events, "a list").await? {
+            Event::Execs(list) => Ok(list),
+            other => Err(self.unexpected("a list", &other)),
+        }
+    }
+
+    /// The answer to a request (`what`), bounded by [`ANSWER_TIMEOUT`] (a silent helper
+    /// is retired); a broken connection is an error.
+    async fn answer(&self, events: &mut Receiver, what: &str) -> Result<Event> {
         match tokio::time::timeout(ANSWER_TIMEOUT, events.next()).await {
-            Ok(Some(Event::Execs(list))) => Ok(list),
             Ok(Some(Event::Lost(why))) => Err(lost(why)),
+            Ok(Some(event)) => Ok(event),
             Ok(None) => Err(lost("the helper connection closed")),
-            Ok(Some(other)) => {
-                let why = format!("the helper answered a list with {other:?}");
-                self.retire(&why);
-                Err(lost(why))
-            }
             Err(_) => {
-                let why = format!("the helper did not answer a list within {ANSWER_TIMEOUT:?}");
+                let why = format!("the helper did not answer {what} within {ANSWER_TIMEOUT:?}");
                 self.retire(&why);
                 Err(lost(why))
             }
         }
     }
 
+    /// A request answered with something else: the session is retired.
+    fn unexpected(&self, what: &str, event: &Event) -> Error {
+        let why = format!("the helper answered {what} with {event:?}");
+        self.retire(&why);
+        lost(why)
+    }
+
     /// `RELEASE`: the helper forgets exec `id`'s record once it ended.
     pub(crate) fn release(&self, id: u32) -> Result<()> {
         self.send_frame(Enc::frame(proto::RELEASE, id).finish())
     }
-}
-
-fn lost(why: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Backend, why.into())
 }

@@ -405,7 +405,7 @@ impl std::fmt::Debug for Session {
     }
 }
 
-fn lost(why: impl Into<String>) -> Error {
+pub(super) fn lost(why: impl Into<String>) -> Error {
     Error::new(ErrorKind::Backend, why.into())
 }
 
@@ -1106,6 +1106,20 @@ fn fail_all(table: &Mutex<Table>, why: &str) {
     table.kills.clear();
 }
 
+/// A `STARTED` or `ATTACHED` (`what`) for `id`: true when its slot awaited it (now no
+/// more), false for an id no longer open; a second one, or one unasked, is a protocol
+/// error.
+fn take_answer(table: &mut Table, id: u32, what: &str) -> std::result::Result<bool, String> {
+    match table.slots.get_mut(&id) {
+        Some(slot) if slot.awaiting_start => {
+            slot.awaiting_start = false;
+            Ok(true)
+        }
+        Some(_) => Err(format!("the helper sent {what} twice or unasked (id {id})")),
+        None => Ok(false),
+    }
+}
+
 /// Routes one frame from the helper; `Err` is a protocol error (the connection is dropped).
 fn dispatch(
     table: &Mutex<Table>,
@@ -1135,14 +1149,8 @@ fn dispatch(
     }
     let (event, last) = match kind {
         proto::STARTED => {
-            match table.slots.get_mut(&id) {
-                Some(slot) if slot.awaiting_start => slot.awaiting_start = false,
-                Some(_) => {
-                    return Err(format!(
-                        "the helper sent STARTED twice or for a file operation (id {id})"
-                    ));
-                }
-                None => return Ok(()),
+            if !take_answer(&mut table, id, "STARTED")? {
+                return Ok(());
             }
             (Event::Started, false)
         }
@@ -1170,14 +1178,8 @@ fn dispatch(
         ),
         proto::DONE => (Event::Done, true),
         proto::ATTACHED => {
-            match table.slots.get_mut(&id) {
-                Some(slot) if slot.awaiting_start => slot.awaiting_start = false,
-                Some(_) => {
-                    return Err(format!(
-                        "the helper sent ATTACHED twice or unasked (id {id})"
-                    ));
-                }
-                None => return Ok(()),
+            if !take_answer(&mut table, id, "ATTACHED")? {
+                return Ok(());
             }
             (
                 Event::Attached(Attached::decode(&mut d).map_err(|_| bad())?),

@@ -227,12 +227,7 @@ impl<B: Backend> CoreRun<B> {
         if list.iter().any(|e| e.id == id.get()) {
             Ok(())
         } else {
-            Err(Error::new(
-                ErrorKind::NotFound,
-                format!("the run has no exec {id} (never started here, or released)"),
-            )
-            .with_field("exec_id")
-            .with("run", &self.id))
+            Err(crate::execs::no_such_exec(id, &self.id))
         }
     }
 
@@ -424,12 +419,7 @@ impl<B: Backend> Run for CoreRun<B> {
             .await
             .map_err(|e| e.with("run", &self.id))?
         else {
-            return Err(Error::new(
-                ErrorKind::NotFound,
-                format!("the run has no exec {id} (never started here, or released)"),
-            )
-            .with_field("exec_id")
-            .with("run", &self.id));
+            return Err(crate::execs::no_such_exec(id, &self.id));
         };
         let link = ExecLink::new(id.get(), session, events.taken_over.clone());
         let status = Arc::new(std::sync::Mutex::new(None));
