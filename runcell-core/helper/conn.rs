@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use crate::files::{self, GetEnd, Put};
 use crate::flow::Flow;
-use crate::link::{Link, REQUEST_BACKLOG, file_error_frame};
+use crate::link::{Link, REQUEST_BACKLOG, TOTAL_BACKLOG, file_error_frame};
 use crate::proto::{
     self, ATTACH, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET, KILL,
     KILLED, LIST, PING, PONG, PUT, RELEASE, RESIZE, SPAWN, STDIN, STDIN_ACK, STDIN_EOF,
@@ -20,7 +20,8 @@ use crate::{Helper, diag, lock, start_thread, sys};
 
 /// Bytes read from the stream at a time.
 const READ_CHUNK: usize = 64 * 1024;
-/// Queued stdin bytes of one exec beyond which the host broke the window rule.
+/// Queued stdin bytes of one exec from one connection beyond which that connection broke
+/// the window rule (what other connections queued for it does not count).
 const STDIN_QUEUE_LIMIT: usize = 4 * STDIN_WINDOW as usize;
 
 /// A `PUT` or `GET` in progress.
@@ -57,6 +58,8 @@ impl Conn {
             loop {
                 match proto::split_frame(&buf[start..]) {
                     Ok(Some((kind, id, payload, len))) => {
+                        // Whatever it asks for, a peer that does not read waits first.
+                        self.link.wait_backlog(REQUEST_BACKLOG, TOTAL_BACKLOG);
                         if let Err(msg) = self.handle(kind, id, payload) {
                             return self.protocol_error(&msg);
                         }
@@ -139,7 +142,6 @@ impl Conn {
             }
             GET => {
                 let path = d.bytes().map_err(bad)?.to_vec();
-                self.link.wait_backlog(REQUEST_BACKLOG);
                 self.get(id, path);
             }
             ENTRY => {
@@ -148,14 +150,10 @@ impl Conn {
             }
             ATTACH => {
                 let from = d.u64().map_err(bad)?;
-                self.link.wait_backlog(REQUEST_BACKLOG);
                 self.h.attach(&self.link, id, from);
             }
             RELEASE => self.h.release(id),
-            LIST => {
-                self.link.wait_backlog(REQUEST_BACKLOG);
-                self.h.list(&self.link, id);
-            }
+            LIST => self.h.list(&self.link, id),
             _ => return Err(format!("unknown frame kind {kind}")),
         }
         Ok(())
@@ -221,8 +219,8 @@ impl Conn {
             self.link.send_u32(STDIN_ACK, id, data.len() as u32);
             return Ok(());
         }
-        st.queued += data.len();
-        if st.queued > STDIN_QUEUE_LIMIT {
+        if st.stdin_queued(&self.link, data.len()) > STDIN_QUEUE_LIMIT {
+            st.stdin_written(&self.link, data.len());
             return Err(format!("exec {id}: stdin window exceeded"));
         }
         st.queue.push_back((data.to_vec(), self.link.clone()));
@@ -267,17 +265,21 @@ impl Conn {
         self.h.discard_exec(&self.link, id);
     }
 
-    /// `KILL` (which implies `DISCARD`), on a thread of its own; `KILLED` comes here.
+    /// `KILL` (which implies `DISCARD`); `KILLED` comes here. One kill per exec runs at
+    /// a time, on a thread of its own: a `KILL` while it runs only waits for its end.
     fn kill(&mut self, id: u32) {
         let h = self.h;
         self.discard(id);
-        if h.exec(id).is_none() {
+        let Some(ex) = h.exec(id) else {
             self.link.send_empty(KILLED, id);
             return;
+        };
+        if !h.join_kill(&ex, &self.link) {
+            return;
         }
-        let link = self.link.clone();
-        if !start_thread("kill", move || h.kill_exec(id, &link)) {
-            h.kill_exec(id, &self.link);
+        let killed = ex.clone();
+        if !start_thread("kill", move || h.kill_exec(&killed)) {
+            h.kill_exec(&ex);
         }
     }
 
@@ -630,7 +632,7 @@ mod tests {
         for _ in 0..4 {
             c.handle(STDIN, 11, &chunk).unwrap();
         }
-        assert_eq!(lock(&ex.st).queued, STDIN_QUEUE_LIMIT);
+        assert_eq!(lock(&ex.st).queued_from(&h.link), STDIN_QUEUE_LIMIT);
         assert_eq!(
             c.handle(STDIN, 11, b"x").unwrap_err(),
             "exec 11: stdin window exceeded"

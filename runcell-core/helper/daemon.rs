@@ -22,7 +22,7 @@
 //! its connection itself ([`crate::serve_stdio`]).
 //!
 //! The daemon accepts connections on its socket (mode 0600) from its own uid or root
-//! only, at most [`MAX_CONNECTIONS`] at once; each gets a reader (this module's
+//! only, never from its own descendants (the processes of its execs), at most [`MAX_CONNECTIONS`] at once; each gets a reader (this module's
 //! [`serve`], then [`Conn`]) and a writer thread, and its own `HELLO`.
 
 use std::ffi::{CString, OsString};
@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use crate::conn::Conn;
 use crate::exec::SHUTDOWN_KILL;
 use crate::link::Link;
+use crate::procs;
 use crate::proto::{DAEMON_ARG, DAEMON_DIR, MAX_CONNECTIONS};
 use crate::sys::{self, O_CLOEXEC, O_CREAT, O_DIRECTORY, O_NOFOLLOW, O_PATH, O_RDONLY, O_RDWR};
 use crate::{FLUSH_AT_END, Helper, diag, harden, self_digest, serve_stdio, start_thread};
@@ -388,6 +389,14 @@ fn peer_allowed(peer: u32, euid: u32) -> bool {
     peer == euid || peer == 0
 }
 
+/// Whether the peer of pid `pid` is not a descendant of the daemon (a process of an
+/// exec: see "Trust" in `proto.rs`). Asked again when a process of the chain went while
+/// it was walked; refused when it still cannot be told.
+fn peer_not_ours(pid: i32) -> bool {
+    let me = std::process::id() as i32;
+    (0..3).any(|_| procs::descends_from(pid, me) == Some(false))
+}
+
 /// A connection accepted: checked (the peer's uid, the number of connections), then
 /// served on a thread of its own; closed at once otherwise.
 fn accept(h: &'static Helper, sock: UnixStream) {
@@ -396,6 +405,12 @@ fn accept(h: &'static Helper, sock: UnixStream) {
     };
     if !peer_allowed(uid, sys::ids().2) {
         diag(format_args!("refused a connection from uid {uid}"));
+        return;
+    }
+    if !peer_not_ours(pid) {
+        diag(format_args!(
+            "refused a connection from pid {pid}: a process of an exec"
+        ));
         return;
     }
     if h.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {

@@ -156,9 +156,14 @@ pub(crate) struct ExecState {
     /// Stdin is a pipe (else `/dev/null`).
     pub(crate) piped: bool,
     /// `STDIN` data not written yet, each with the connection it came from (which gets
-    /// its `STDIN_ACK`), and its size.
+    /// its `STDIN_ACK`).
     pub(crate) queue: VecDeque<(Vec<u8>, Arc<Link>)>,
-    pub(crate) queued: usize,
+    /// Bytes in `queue` by the connection they came from (each within its own window:
+    /// one connection's data never counts against another's).
+    queued: Vec<(Arc<Link>, usize)>,
+    /// A kill in progress (one per exec, whatever the number of `KILL`s): the
+    /// connections that get `KILLED` when it ends, each once.
+    pub(crate) killing: Option<Vec<Arc<Link>>>,
     /// `STDIN_EOF` received.
     pub(crate) eof: bool,
     /// Stdin bytes taken so far (queued, or acknowledged and dropped).
@@ -199,7 +204,8 @@ impl ExecState {
             done: false,
             piped,
             queue: VecDeque::new(),
-            queued: 0,
+            queued: Vec::new(),
+            killing: None,
             eof: false,
             stdin_taken: 0,
             out: Output::new(keep),
@@ -213,6 +219,40 @@ impl ExecState {
             expired: false,
             starved: false,
         }
+    }
+
+    /// Counts `n` more stdin bytes queued from `from`; its bytes queued now.
+    pub(crate) fn stdin_queued(&mut self, from: &Arc<Link>, n: usize) -> usize {
+        match self.queued.iter_mut().find(|(l, _)| Arc::ptr_eq(l, from)) {
+            Some((_, q)) => {
+                *q += n;
+                *q
+            }
+            None => {
+                self.queued.push((from.clone(), n));
+                n
+            }
+        }
+    }
+
+    /// `n` stdin bytes from `from` were written (or dropped).
+    pub(crate) fn stdin_written(&mut self, from: &Arc<Link>, n: usize) {
+        if let Some(i) = self.queued.iter().position(|(l, _)| Arc::ptr_eq(l, from)) {
+            let q = &mut self.queued[i].1;
+            *q = q.saturating_sub(n);
+            if *q == 0 {
+                self.queued.swap_remove(i);
+            }
+        }
+    }
+
+    /// Stdin bytes queued from `from`.
+    #[cfg(test)]
+    pub(crate) fn queued_from(&self, from: &Arc<Link>) -> usize {
+        self.queued
+            .iter()
+            .find(|(l, _)| Arc::ptr_eq(l, from))
+            .map_or(0, |(_, q)| *q)
     }
 
     /// Whether `link` is the connection attached.
@@ -748,28 +788,50 @@ impl Helper {
         }
     }
 
-    /// `KILL` (from `link`, which gets `KILLED`): the exec's shepherd kills its
-    /// processes (stop, TERM + CONT, grace, KILL) and exits once none is left.
-    pub(crate) fn kill_exec(&'static self, id: u32, link: &Link) {
-        let mut all_gone = true;
-        if let Some(ex) = self.exec(id) {
-            // Its spawn ends first (bounded): the shepherd gets its order before any kill,
-            // and `STARTED` or `SPAWN_ERROR` goes out before `KILLED`.
-            ex.wait_started();
-            self.continue_shepherd(&ex);
-            ex.order_kill(false);
-            if !ex.wait_shepherd(Instant::now() + KILL_CONFIRM) {
-                diag(format_args!(
-                    "exec {id}: its processes are not all gone {KILL_CONFIRM:?} after the kill"
-                ));
-                all_gone = false;
+    /// A `KILL` of `ex` from `link`: true when no kill of it runs (the caller starts
+    /// one: [`Helper::kill_exec`]); else `link` gets the `KILLED` of the one running
+    /// (once, however many `KILL`s it sent).
+    pub(crate) fn join_kill(&self, ex: &Exec, link: &Arc<Link>) -> bool {
+        let mut st = lock(&ex.st);
+        match &mut st.killing {
+            Some(waiting) => {
+                if !waiting.iter().any(|l| Arc::ptr_eq(l, link)) {
+                    waiting.push(link.clone());
+                }
+                false
             }
+            None => {
+                st.killing = Some(vec![link.clone()]);
+                true
+            }
+        }
+    }
+
+    /// Kills `ex` (for the connections [`Helper::join_kill`] recorded, which get
+    /// `KILLED`): its shepherd kills its processes (stop, TERM + CONT, grace, KILL) and
+    /// exits once none is left.
+    pub(crate) fn kill_exec(&'static self, ex: &Exec) {
+        // Its spawn ends first (bounded): the shepherd gets its order before any kill,
+        // and `STARTED` or `SPAWN_ERROR` goes out before `KILLED`.
+        ex.wait_started();
+        self.continue_shepherd(ex);
+        ex.order_kill(false);
+        let all_gone = ex.wait_shepherd(Instant::now() + KILL_CONFIRM);
+        if !all_gone {
+            diag(format_args!(
+                "exec {}: its processes are not all gone {KILL_CONFIRM:?} after the kill",
+                ex.id
+            ));
         }
         // Never a kill that did not happen: the host then kills by the exec marker, and
         // reports the exec KillFailed if that fails too.
-        let mut f = Enc::frame(KILLED, id);
+        let mut f = Enc::frame(KILLED, ex.id);
         f.u8(u8::from(all_gone));
-        link.send(f.finish());
+        let frame = f.finish();
+        let waiting = lock(&ex.st).killing.take().unwrap_or_default();
+        for link in waiting {
+            link.send(frame.clone());
+        }
     }
 
     /// Has the shepherds of `execs` kill their processes at once, and waits a little
@@ -1058,14 +1120,7 @@ mod tests {
     fn a_kill_orders_the_shepherd_and_reports_whether_all_is_gone() {
         let dir = TempDir::new();
         let h = Helper::leaked(false, dir.path());
-        let link = Link::new(None);
-        // An unknown exec: nothing to kill, done at once.
-        h.kill_exec(40, &link);
-        let f = link.take_frames();
-        assert_eq!(
-            (f[0].kind, f[0].id, &f[0].payload[..]),
-            (KILLED, 40, &[1u8][..])
-        );
+        let link = Arc::new(Link::new(None));
 
         // A shepherd that exits: a graceful kill order, then KILLED 1.
         let (ex, mut theirs, _reader, _wake) = Exec::for_tests(41, false);
@@ -1073,9 +1128,11 @@ mod tests {
         ex.started_for_tests();
         h.register_for_tests(&ex, i32::MAX);
         lock(&ex.st).shepherd_status = Some(0);
-        h.kill_exec(41, &link);
+        assert!(h.join_kill(&ex, &link));
+        h.kill_exec(&ex);
         assert_eq!(orders(&mut theirs), [(shepherd::KILL_TREE, vec![0])]);
         assert_eq!(link.take_frames()[0].payload, [1]);
+        assert!(lock(&ex.st).killing.is_none());
 
         // A shepherd that never exits: KILLED 0 once the confirmation's time is up.
         let (ex, mut theirs, _reader, _wake) = Exec::for_tests(42, false);
@@ -1083,7 +1140,8 @@ mod tests {
         ex.started_for_tests();
         h.register_for_tests(&ex, i32::MAX - 1);
         let started = Instant::now();
-        h.kill_exec(42, &link);
+        assert!(h.join_kill(&ex, &link));
+        h.kill_exec(&ex);
         assert!(started.elapsed() >= KILL_CONFIRM);
         assert_eq!(orders(&mut theirs), [(shepherd::KILL_TREE, vec![0])]);
         let f: Vec<Frame> = link.take_frames();
@@ -1091,6 +1149,37 @@ mod tests {
             (f[0].kind, f[0].id, &f[0].payload[..]),
             (KILLED, 42, &[0u8][..])
         );
+    }
+
+    #[test]
+    fn kills_of_one_exec_while_one_runs_share_it_and_each_connection_hears_once() {
+        let dir = TempDir::new();
+        let h = Helper::leaked(false, dir.path());
+        let (a, b) = (Arc::new(Link::new(None)), Arc::new(Link::new(None)));
+        let (ex, mut theirs, _reader, _wake) = Exec::for_tests(43, false);
+        let ex = Arc::new(ex);
+        ex.started_for_tests();
+        h.register_for_tests(&ex, i32::MAX);
+        assert!(h.join_kill(&ex, &a));
+        // A flood of KILLs while it runs starts nothing more.
+        for _ in 0..10_000 {
+            assert!(!h.join_kill(&ex, &a));
+            assert!(!h.join_kill(&ex, &b));
+        }
+        assert_eq!(lock(&ex.st).killing.as_ref().map(Vec::len), Some(2));
+        lock(&ex.st).shepherd_status = Some(0);
+        h.kill_exec(&ex);
+        assert_eq!(orders(&mut theirs), [(shepherd::KILL_TREE, vec![0])]);
+        for l in [&a, &b] {
+            let f = l.take_frames();
+            assert_eq!(f.len(), 1);
+            assert_eq!(
+                (f[0].kind, f[0].id, &f[0].payload[..]),
+                (KILLED, 43, &[1u8][..])
+            );
+        }
+        // Over: the next KILL starts a kill again.
+        assert!(h.join_kill(&ex, &b));
     }
 
     #[test]

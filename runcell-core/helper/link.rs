@@ -2,16 +2,19 @@
 //! owns its stream (stdout when the relay serves the connection itself, the socket
 //! otherwise). Every thread queues frames here and never blocks on the stream; what is
 //! queued is bounded by the credits and windows of the protocol (output, `ENTRY` and
-//! `STDIN_ACK` frames are queued only within them) and, for the requests whose answers
-//! are large and cost the peer nothing to repeat (`ATTACH`, `LIST`, `GET`), by
-//! [`REQUEST_BACKLOG`].
+//! `STDIN_ACK` frames are queued only within them) and, for everything else a peer can
+//! ask for, by the reader: it takes no frame while the connection's backlog (queued, or
+//! taken by the writer and not written yet) is over [`REQUEST_BACKLOG`], nor, while the
+//! daemon's connections together are over [`TOTAL_BACKLOG`], while anything of its own
+//! is still unwritten ([`Link::wait_backlog`]). A peer that asks and never reads cannot
+//! grow the helper's memory beyond that, however small its requests (a `PING` flood).
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -24,18 +27,45 @@ use crate::{HEADER, lock, sys, wait};
 const WRITE_BUFFER: usize = 128 * 1024;
 /// Quiet time after which the writer gives the heap's free pages back to the kernel.
 pub(crate) const TRIM_AFTER: Duration = Duration::from_secs(1);
-/// Bytes queued for a connection beyond which its reader takes no `ATTACH`, `LIST` or
-/// `GET` (whose answers are large and cost the peer nothing to ask for) until the writer
-/// caught up: a peer that asks and never reads cannot grow the helper's memory. A host
-/// that reads its stream never gets near it (what it has not read is bounded by the
-/// credits it granted).
+/// A connection's unwritten bytes beyond which its reader takes no frame until the
+/// writer caught up. A host that reads its stream only gets there with more output in
+/// flight than this (what it has not read is bounded by the credits it granted), and
+/// then only waits for its own reading.
 pub(crate) const REQUEST_BACKLOG: usize = 64 << 20;
+/// Unwritten bytes of all connections together beyond which a connection's reader takes
+/// a frame only once everything of its own was written.
+pub(crate) const TOTAL_BACKLOG: usize = 256 << 20;
+/// How often a reader held by [`TOTAL_BACKLOG`] looks again (the other connections'
+/// writers do not wake it).
+const TOTAL_BACKLOG_POLL: Duration = Duration::from_millis(20);
+
+/// What a queued frame costs beyond its bytes (its allocation and its place in the
+/// queue): a flood of small answers is counted at what it takes in memory.
+const FRAME_OVERHEAD: usize = 64;
+
+/// What a queued frame of `len` bytes is counted as.
+fn cost(len: usize) -> usize {
+    len + FRAME_OVERHEAD
+}
+
+/// Unwritten bytes of every link of this process.
+static TOTAL: AtomicUsize = AtomicUsize::new(0);
+
+fn total_add(n: usize) {
+    TOTAL.fetch_add(n, Ordering::Relaxed);
+}
+
+fn total_sub(n: usize) {
+    let _ = TOTAL.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+        Some(t.saturating_sub(n))
+    });
+}
 
 /// Frames waiting for the writer thread.
 #[derive(Default)]
 pub(crate) struct OutQueue {
     pub(crate) frames: VecDeque<Vec<u8>>,
-    /// Bytes in `frames`.
+    /// What is not written yet ([`cost`]): in `frames`, and in the batch the writer took.
     bytes: usize,
     /// The writer wrote and flushed everything and waits for more.
     pub(crate) idle: bool,
@@ -78,7 +108,8 @@ impl Link {
         if q.closed {
             return;
         }
-        q.bytes += frame.len();
+        q.bytes += cost(frame.len());
+        total_add(cost(frame.len()));
         q.frames.push_back(frame);
         drop(q);
         self.out_cv.notify_one();
@@ -95,8 +126,14 @@ impl Link {
     pub(crate) fn writer(&self, out: File) -> bool {
         let mut w = io::BufWriter::with_capacity(WRITE_BUFFER, out);
         let mut batch: VecDeque<Vec<u8>> = VecDeque::new();
+        let mut written = 0;
         loop {
             let mut q = lock(&self.q);
+            // The last batch is written (into the buffer, at worst): no longer owed.
+            let done = written.min(q.bytes);
+            q.bytes -= done;
+            total_sub(done);
+            written = 0;
             if q.frames.is_empty() {
                 drop(q);
                 if w.flush().is_err() {
@@ -119,7 +156,6 @@ impl Link {
                 }
             }
             std::mem::swap(&mut q.frames, &mut batch);
-            q.bytes = 0;
             drop(q);
             self.idle_cv.notify_all();
             for f in batch.drain(..) {
@@ -127,6 +163,7 @@ impl Link {
                     self.broke();
                     return false;
                 }
+                written += cost(f.len());
             }
             if batch.capacity() > 1024 {
                 batch = VecDeque::new();
@@ -165,6 +202,7 @@ impl Link {
         self.broken.store(true, Ordering::SeqCst);
         let mut q = lock(&self.q);
         q.frames.clear();
+        total_sub(q.bytes);
         q.bytes = 0;
         drop(q);
         self.idle_cv.notify_all();
@@ -206,12 +244,32 @@ impl Link {
         }
     }
 
-    /// Waits until at most `limit` bytes are queued (or the link broke).
-    pub(crate) fn wait_backlog(&self, limit: usize) {
+    /// Waits until at most `limit` bytes of this link are unwritten and, while all links
+    /// together have more than `total` unwritten, none of this one (or the link broke).
+    pub(crate) fn wait_backlog(&self, limit: usize, total: usize) {
         let mut q = lock(&self.q);
-        while q.bytes > limit && !self.is_broken() {
-            q = wait(&self.idle_cv, q);
+        loop {
+            if self.is_broken() {
+                return;
+            }
+            if q.bytes > limit {
+                q = wait(&self.idle_cv, q);
+            } else if q.bytes > 0 && TOTAL.load(Ordering::Relaxed) > total {
+                q = self
+                    .idle_cv
+                    .wait_timeout(q, TOTAL_BACKLOG_POLL)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            } else {
+                return;
+            }
         }
+    }
+
+    /// Unwritten bytes of this link.
+    #[cfg(test)]
+    pub(crate) fn backlog(&self) -> usize {
+        lock(&self.q).bytes
     }
 
     /// Drops the `STDOUT`, `STDERR` and `EXIT` frames of exec `id` still queued (not yet
@@ -226,11 +284,12 @@ impl Link {
                 && matches!(f[4], STDOUT | STDERR | EXIT)
                 && f[5..HEADER] == id.to_le_bytes();
             if of_id {
-                dropped += f.len();
+                dropped += cost(f.len());
             }
             !of_id
         });
         q.bytes = before - dropped;
+        total_sub(dropped);
     }
 
     /// A frame without payload.
@@ -265,11 +324,18 @@ impl Link {
     }
 }
 
+impl Drop for Link {
+    fn drop(&mut self) {
+        total_sub(lock(&self.q).bytes);
+    }
+}
+
 #[cfg(test)]
 impl Link {
     /// Takes the frames queued so far (no writer runs in unit tests).
     pub(crate) fn take_frames(&self) -> Vec<crate::testing::Frame> {
         let mut q = lock(&self.q);
+        total_sub(q.bytes);
         q.bytes = 0;
         let frames = std::mem::take(&mut q.frames);
         frames
@@ -442,7 +508,7 @@ mod tests {
         assert!(link.take_frames().is_empty());
         // Nothing to wait for.
         link.flush(Duration::from_secs(5));
-        link.wait_backlog(0);
+        link.wait_backlog(0, 0);
     }
 
     #[test]
@@ -458,13 +524,54 @@ mod tests {
     }
 
     #[test]
+    fn what_the_writer_took_counts_until_it_is_written() {
+        let (link, mut reader) = piped();
+        // More than the pipe and the writer's buffer hold: the writer blocks mid-batch.
+        for id in 0..10 {
+            link.send(data(STDOUT, id, 100_000));
+        }
+        thread::sleep(Duration::from_millis(300));
+        let stuck = link.backlog();
+        assert!(stuck >= 500_000, "{stuck}");
+        // A waiter with a lower limit waits for the reader.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let l = link.clone();
+        thread::spawn(move || {
+            l.wait_backlog(100_000, usize::MAX);
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+        let mut got = vec![0u8; 10 * (HEADER + 100_000)];
+        reader.read_exact(&mut got).unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        link.flush(Duration::from_secs(5));
+        assert_eq!(link.backlog(), 0);
+        link.close();
+    }
+
+    #[test]
+    fn small_frames_count_what_they_take_in_memory() {
+        let link = Link::new(None);
+        for id in 0..1000 {
+            link.send_empty(PONG, id);
+        }
+        assert_eq!(link.backlog(), 1000 * (HEADER + FRAME_OVERHEAD));
+        link.purge(7);
+        link.send(data(STDOUT, 7, 10));
+        link.purge(7);
+        assert_eq!(link.backlog(), 1000 * (HEADER + FRAME_OVERHEAD));
+        link.broke();
+        assert_eq!(link.backlog(), 0);
+    }
+
+    #[test]
     fn the_backlog_wait_ends_when_the_writer_takes_the_queue() {
         let link = Arc::new(Link::new(None));
         link.send(data(STDOUT, 1, 1000));
         let (tx, rx) = std::sync::mpsc::channel();
         let l = link.clone();
         thread::spawn(move || {
-            l.wait_backlog(100);
+            l.wait_backlog(100, usize::MAX);
             tx.send(()).unwrap();
         });
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());

@@ -45,6 +45,29 @@ pub(crate) fn read_stat(pid: i32, buf: &mut Vec<u8>) -> Option<Proc> {
     parse_stat(pid, buf)
 }
 
+/// Whether `pid` descends from `ancestor` (by its parent links in `/proc`); `None` when
+/// that cannot be told (a process of the chain went while it was walked, or the chain
+/// is longer than any real one). A pid of 0 (a peer in another pid namespace, above
+/// ours) descends from nothing of ours.
+pub(crate) fn descends_from(pid: i32, ancestor: i32) -> Option<bool> {
+    const MAX_DEPTH: usize = 4096;
+    let mut buf = Vec::with_capacity(512);
+    let mut p = pid;
+    for _ in 0..MAX_DEPTH {
+        if p <= 0 {
+            return Some(false);
+        }
+        if p == ancestor {
+            return Some(true);
+        }
+        if p == 1 {
+            return Some(false);
+        }
+        p = read_stat(p, &mut buf)?.ppid;
+    }
+    None
+}
+
 /// Every process in `/proc`.
 pub(crate) fn scan() -> Vec<Proc> {
     let mut v = Vec::new();

@@ -104,8 +104,18 @@
 //!   daemon and waits (bounded) until it listens; then it unlocks. So two relays starting
 //!   at once start one daemon. A directory of ours with another mode is made 0700; a
 //!   lock file that is not a file of ours is not used.
-//! - The daemon accepts only peers of its own uid (or root; `SO_PEERCRED`), at most
-//!   [`MAX_CONNECTIONS`] at once, each with a reader and a writer thread of its own.
+//! - The daemon accepts only peers of its own uid (or root; `SO_PEERCRED`) that are not
+//!   its own descendants (no process of an exec: the daemon and every shepherd are child
+//!   subreapers, so an exec's processes stay below the daemon whatever they do; the
+//!   relays the engine starts are not), at most [`MAX_CONNECTIONS`] at once, each with a
+//!   reader and a writer thread of its own.
+//! - Trust: code that runs as the helper's user (root by default, or the image's user)
+//!   holds what the helper holds: it can signal, replace or impersonate the helper (kill
+//!   the daemon, listen on its socket), and read the pipes of other execs of that user.
+//!   The host is bounded whatever it does (it checks every frame and number), but only a
+//!   different user keeps one exec's processes, output and stdin from another's: run
+//!   untrusted code under an exec `user` that is not the helper's. Execs of other users
+//!   reach neither the daemon's directory (0700) nor its socket (0600, `SO_PEERCRED`).
 //! - When the daemon cannot be used (the directory is not ours, the file system is
 //!   read-only, no socket can be bound), the relay serves its connection itself, as
 //!   version 2 did: nothing outlives the stream, and its `HELLO` says so
@@ -190,8 +200,12 @@
 //!   queue; what it queues is bounded by the credits and windows above): on Kubernetes
 //!   one task carries both directions, and a helper that stopped reading could deadlock it.
 //!   The one exception bounds a peer that asks and never reads: with more than 64 MiB
-//!   queued for a connection, the helper takes its next `ATTACH`, `LIST` or `GET` only
-//!   once that connection read some (a host that reads its stream never gets there).
+//!   unwritten for a connection, the helper takes its next frame (of any kind: a flood of
+//!   `PING`s is as bad as one of `LIST`s) only once that connection read some; with more
+//!   than 256 MiB unwritten for all connections together, a connection's next frame only
+//!   once everything of its own went out. A host that reads its stream only gets there
+//!   with that much output in flight, and then waits only for its own reading (its ping
+//!   timeout ends a connection that stalls for good, and its execs resume).
 
 use std::fmt;
 

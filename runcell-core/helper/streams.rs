@@ -232,7 +232,7 @@ impl Helper {
             if st.done {
                 return;
             }
-            st.queued = st.queued.saturating_sub(chunk.len());
+            st.stdin_written(&from, chunk.len());
             from.send_u32(STDIN_ACK, ex.id, chunk.len() as u32);
         }
     }
@@ -646,7 +646,7 @@ mod tests {
         let t = thread::spawn(move || h.stdin_thread(&feeder, file(w)));
         for chunk in [&b"ab"[..], b"", b"cde"] {
             let mut st = lock(&ex.st);
-            st.queued += chunk.len();
+            st.stdin_queued(&from, chunk.len());
             st.queue.push_back((chunk.to_vec(), from.clone()));
             drop(st);
             ex.cv.notify_all();
@@ -668,7 +668,7 @@ mod tests {
             acks,
             [(STDIN_ACK, 9, 2), (STDIN_ACK, 9, 0), (STDIN_ACK, 9, 3)]
         );
-        assert_eq!(lock(&ex.st).queued, 0);
+        assert_eq!(lock(&ex.st).queued_from(&from), 0);
     }
 
     #[test]
@@ -683,7 +683,8 @@ mod tests {
             let mut st = lock(&ex.st);
             st.queue
                 .extend([(b"lost".to_vec(), a.clone()), (b"too".to_vec(), b.clone())]);
-            st.queued = 7;
+            st.stdin_queued(&a, 4);
+            st.stdin_queued(&b, 3);
             st.eof = true;
         }
         ex.started_for_tests();
@@ -693,6 +694,8 @@ mod tests {
         assert_eq!(acks, [4]);
         let acks: Vec<u32> = b.take_frames().iter().map(Frame::u32).collect();
         assert_eq!(acks, [3]);
+        let st = lock(&ex.st);
+        assert_eq!((st.queued_from(&a), st.queued_from(&b)), (0, 0));
     }
 
     #[test]

@@ -700,3 +700,143 @@ fn connections_beyond_the_bound_are_closed_and_a_bad_peer_harms_no_other() {
     // Every connection's threads are gone with it.
     assert_threads_back_to(&h, idle);
 }
+
+#[test]
+fn a_process_of_an_exec_cannot_reach_the_daemon() {
+    let mut h = Helper::start();
+    let exe = h.inst.exe.display().to_string();
+    // The helper started as a relay from an exec: its connection is closed at once, no
+    // HELLO reaches it.
+    let relay = format!("'{exe}' </dev/null 2>/dev/null | wc -c");
+    assert_eq!(h.run(1, &sh(&relay)).text().trim(), "0");
+    // Nor from a process that left its exec's session and parent (it is reparented to
+    // the exec's shepherd, still below the daemon).
+    let out = h.inst.dir.join("orphan");
+    let script = format!(
+        "setsid -f sh -c \"{relay} > '{}.tmp' && mv '{0}.tmp' '{0}'\" </dev/null >/dev/null 2>&1",
+        out.display()
+    );
+    h.run(2, &sh(&script));
+    eventually("the orphan's count", || out.exists());
+    assert_eq!(fs::read_to_string(&out).unwrap().trim(), "0");
+    // A relay the engine (here: the test) starts is served.
+    assert_eq!(h.connect().run(3, &sh("echo ok")).text(), "ok\n");
+}
+
+/// Resident memory of `pid`, kB.
+fn rss_kb(pid: u32) -> u64 {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_peer_that_never_reads_cannot_grow_the_daemon() {
+    use std::io::{ErrorKind, Read, Write};
+    use std::os::unix::net::UnixStream;
+    let mut h = Helper::start();
+    let daemon = h.inst.daemons()[0];
+    let before = rss_kb(daemon);
+    let sock = h
+        .inst
+        .daemon_dir()
+        .join(format!("{:016x}.sock", h.hello.digest));
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let ping = Enc::frame(PING, 1).finish();
+    let batch = ping.repeat(100_000);
+    // Far more answers than the daemon may queue (10 M PONGs took 1 GB before).
+    let most = 10_000_000u64 * ping.len() as u64;
+    let (mut sent, mut off) = (0u64, 0usize);
+    let mut stalled: Option<Instant> = None;
+    loop {
+        assert!(
+            sent < most,
+            "the daemon kept reading: {sent} bytes of PING taken"
+        );
+        match s.write(&batch[off..]) {
+            Ok(n) => {
+                sent += n as u64;
+                off = (off + n) % batch.len();
+                stalled = None;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let since = *stalled.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(2) {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let grown = rss_kb(daemon).saturating_sub(before);
+    assert!(grown < 160 * 1024, "the daemon grew by {grown} kB");
+    // Other connections are served meanwhile.
+    assert_eq!(h.run(5, &sh("echo alive")).text(), "alive\n");
+    // Reading, the peer gets every answer: one PONG per whole PING.
+    s.set_nonblocking(false).unwrap();
+    let rest = (ping.len() - (sent % ping.len() as u64) as usize) % ping.len();
+    let mut tail = s.try_clone().unwrap();
+    let finish = thread::spawn(move || tail.write_all(&ping[ping.len() - rest..]).unwrap());
+    let want = (sent + rest as u64) / 9;
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let (mut buf, mut pongs) = (Vec::new(), 0u64);
+    let mut chunk = vec![0u8; 1 << 20];
+    while pongs < want {
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed after {pongs} of {want} PONGs");
+        buf.extend_from_slice(&chunk[..n]);
+        let mut at = 0;
+        while let Some((kind, id, _, len)) = split_frame(&buf[at..]).unwrap() {
+            match kind {
+                HELLO => {}
+                PONG => {
+                    assert_eq!(id, 1);
+                    pongs += 1;
+                }
+                _ => panic!("unexpected frame {kind}"),
+            }
+            at += len;
+        }
+        buf.drain(..at);
+    }
+    finish.join().unwrap();
+}
+
+#[test]
+fn a_flood_of_kills_runs_one_kill_per_exec() {
+    let mut h = Helper::start();
+    let idle = idle_threads(&mut h);
+    // It ignores SIGTERM: its kill takes the whole grace.
+    h.spawn(
+        1,
+        &durable("trap '' TERM; while :; do sleep 0.1; done", false, 0, 0),
+    )
+    .unwrap();
+    for _ in 0..20_000 {
+        h.send_empty(KILL, 1);
+    }
+    let mut most = 0;
+    let (mut killed, mut exit) = (0, false);
+    let deadline = Instant::now() + PATIENCE;
+    while !exit || killed == 0 {
+        assert!(Instant::now() < deadline, "no end of the kill");
+        most = most.max(threads(h.hello.pid));
+        let Some(f) = h.try_recv(Duration::from_millis(5)) else {
+            continue;
+        };
+        match (f.kind, f.id) {
+            (KILLED, 1) => killed += 1,
+            (EXIT, 1) => exit = true,
+            (STARTED, 1) => {}
+            _ => panic!("unexpected {f:?}"),
+        }
+    }
+    // The exec's own threads and one kill, however many KILLs came.
+    assert!(most <= idle + 4, "{most} threads ({idle} when idle)");
+    assert!(killed >= 1, "{killed}");
+    assert_threads_back_to(&h, idle);
+}

@@ -15,7 +15,7 @@ use runcell_core::{
     RunExt,
 };
 
-use crate::Context;
+use crate::{Context, sh_ok, sh_stdout};
 
 /// How long a case waits for output or an end.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -375,5 +375,57 @@ pub async fn stop_ends_detached_commands(cx: &Context) -> anyhow::Result<()> {
             "attach after stop: {e}"
         ),
     }
+    Ok(())
+}
+
+/// The run's daemon serves the relays the engine starts and nothing else: the helper
+/// started as a relay from an exec of the daemon's own user (directly, or from a process
+/// that left its exec's session and parent) gets no greeting, and an exec of another
+/// user cannot even list the daemon's directory. The daemon serves on.
+pub async fn no_exec_reaches_the_run_s_daemon(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    if !durable_or_refused(cx, &*run).await? {
+        run.stop().await?;
+        return Ok(());
+    }
+    let relay = "/.runcell/helper </dev/null 2>/dev/null | wc -c";
+    let greeted = sh_stdout(&*run, relay).await?;
+    ensure!(
+        greeted == "0",
+        "the helper started from an exec got {greeted} bytes from the daemon"
+    );
+    let orphan = format!(
+        "(setsid sh -c '{relay} > /tmp/orphan.tmp && mv /tmp/orphan.tmp /tmp/orphan' \
+         </dev/null >/dev/null 2>&1 &)"
+    );
+    sh_ok(&*run, &orphan).await?;
+    let mut got = String::new();
+    for _ in 0..200 {
+        got = sh_stdout(&*run, "cat /tmp/orphan 2>/dev/null || true").await?;
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(
+        got == "0",
+        "a process that left its exec got {got:?} bytes from the daemon"
+    );
+    if cx.caps.exec_user {
+        let probe = ExecSpec::new([
+            "sh",
+            "-c",
+            "ls /.runcell/d >/dev/null 2>&1 && echo open || echo private",
+        ])
+        .user("65534");
+        let out = run.exec(probe).await?;
+        let seen = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        ensure!(
+            seen == "private",
+            "another user sees the daemon's directory: {seen:?}"
+        );
+    }
+    ensure!(sh_stdout(&*run, "echo alive").await? == "alive");
+    run.stop().await?;
     Ok(())
 }

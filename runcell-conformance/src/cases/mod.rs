@@ -147,6 +147,7 @@ pub static CASES: &[Case] = &[
     case!(a_command_without_grace_dies_with_its_connection),
     case!(output_lost_while_detached_is_reported_exactly),
     case!(stop_ends_detached_commands),
+    case!(no_exec_reaches_the_run_s_daemon),
     case!(a_terminal_exec_sees_its_terminal_and_resizes),
     case!(
         ctrl_c_interrupts_a_terminal_exec_and_timeouts_still_kill,
