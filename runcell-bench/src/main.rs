@@ -182,6 +182,76 @@ async fn sh(run: &dyn Run, script: &str) -> Res<()> {
 }
 
 #[tokio::main]
+/// `sandbox exec RUN -- true` as a shell runs it, one process per call: through the run's
+/// mux (a `sandbox exec` before started it), without it (`RUNCELL_MUX=off`: the process
+/// connects, attaches and opens its own exec), and, on Docker, `docker exec`; interleaved.
+fn cli_calls(driver: &str, run: &str, rounds: usize) -> Res<()> {
+    let sandbox = std::env::current_exe()?.with_file_name("sandbox");
+    if !sandbox.exists() {
+        return Err(format!(
+            "{} is missing: `cargo build --release -p runcell-cli` (cargo xtask bench does)",
+            sandbox.display()
+        )
+        .into());
+    }
+    let call = |mux: &str| -> Res<Duration> {
+        let t = Instant::now();
+        let out = std::process::Command::new(&sandbox)
+            .args(["--driver", driver, "exec", run, "--", "true"])
+            .env("RUNCELL_MUX", mux)
+            .env("RUNCELL_MUX_IDLE", "10s")
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        let took = t.elapsed();
+        if !out.status.success() {
+            return Err(format!(
+                "sandbox exec ({mux}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        Ok(took)
+    };
+    // Starts the mux (and waits for it).
+    call("require")?;
+    let docker = (driver == "docker").then(|| {
+        move || -> Res<Duration> {
+            let t = Instant::now();
+            let out = std::process::Command::new("docker")
+                .args(["exec", run, "true"])
+                .stdin(std::process::Stdio::null())
+                .output()?;
+            if !out.status.success() {
+                return Err("docker exec failed".into());
+            }
+            Ok(t.elapsed())
+        }
+    });
+    println!(
+        "== {driver}: `sandbox exec RUN -- true` from a shell, {rounds} rounds of 5 per arm, interleaved"
+    );
+    let (mut m, mut o, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for _ in 0..5 {
+            m.push(call("require")?);
+            o.push(call("off")?);
+            if let Some(docker) = &docker {
+                d.push(docker()?);
+            }
+        }
+    }
+    let (m, o) = (median(m), median(o));
+    println!("through the run's mux   p50 {:8.2} ms", ms(m));
+    println!("without it (own exec)   p50 {:8.2} ms", ms(o));
+    println!("without/with mux {:6.1}x", ms(o) / ms(m));
+    if !d.is_empty() {
+        let d = median(d);
+        println!("docker exec             p50 {:8.2} ms", ms(d));
+        println!("docker exec/mux  {:6.1}x", ms(d) / ms(m));
+    }
+    Ok(())
+}
+
 async fn main() -> Res<()> {
     // `RUST_LOG=runcell_core=debug` shows what the library does (and each span's time).
     if std::env::var_os("RUST_LOG").is_some() {
@@ -269,6 +339,8 @@ async fn main() -> Res<()> {
         );
         run.stop().await?;
     }
+
+    cli_calls(&name, helper.id(), rounds)?;
 
     println!("== {name}: throughput on one run, parallelism 8 (helper, plain, helper, plain)");
     let mut hs = Vec::new();

@@ -47,6 +47,12 @@ pub enum Failure {
     },
     /// A mistake in the command line or a file, told as it is.
     Usage(String),
+    /// A failure the run's mux met and told: its text, hint and exit code.
+    Remote {
+        message: String,
+        hint: Option<String>,
+        code: i32,
+    },
 }
 
 impl Failure {
@@ -66,14 +72,17 @@ impl Failure {
     pub fn code(&self) -> i32 {
         match self {
             Failure::Core { error, .. } if error.kind() == ErrorKind::RunLost => code::RUN_LOST,
+            Failure::Remote { code, .. } => *code,
             _ => code::FAILED,
         }
     }
 
     /// One line of advice for the errors people hit first.
     pub fn hint(&self, driver: &str) -> Option<String> {
-        let Failure::Core { error, .. } = self else {
-            return None;
+        let error = match self {
+            Failure::Core { error, .. } => error,
+            Failure::Remote { hint, .. } => return hint.clone(),
+            Failure::Usage(_) => return None,
         };
         let field = error.field().unwrap_or("");
         Some(match error.kind() {
@@ -98,7 +107,7 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(m) => f.write_str(m),
+            Failure::Usage(m) | Failure::Remote { message: m, .. } => f.write_str(m),
             Failure::Core { error, at } => {
                 if let Some(at) = at {
                     write!(f, "{at}: ")?;

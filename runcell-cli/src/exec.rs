@@ -18,7 +18,7 @@ pub const MARKER_ENV: &str = "RUNCELL_CLI_EXEC_ID";
 const STDIN_UP_FRONT_LIMIT: u64 = 64 << 20;
 
 /// How long an interrupted exec waits for its processes in the run to be gone.
-const KILL_WAIT: Duration = Duration::from_secs(15);
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(15);
 
 pub struct Options {
     /// Forward this process's stdin (when it is not a terminal, or `interactive`).
@@ -32,10 +32,64 @@ pub struct Options {
     pub interruptible: bool,
 }
 
-/// Runs `spec` in `run`, streaming; returns the exit code to exit with.
+/// Where a command runs: a run this process attached, or the run's mux.
+pub enum Target<'a> {
+    Run {
+        run: &'a dyn Run,
+        capabilities: &'a Capabilities,
+    },
+    Mux(crate::mux::Client),
+}
+
+/// A command started, through either target.
+enum Running {
+    Lib(runcell_core::ExecStream),
+    Mux(crate::mux::MuxExec),
+}
+
+impl Running {
+    async fn next_chunk(&mut self) -> Option<OutputChunk> {
+        match self {
+            Running::Lib(e) => e.next_chunk().await,
+            Running::Mux(e) => e.next_chunk().await,
+        }
+    }
+
+    fn resize(&self, rows: u16, cols: u16) {
+        match self {
+            Running::Lib(e) => {
+                let _ = e.resize(rows, cols);
+            }
+            Running::Mux(e) => e.resize(rows, cols),
+        }
+    }
+}
+
+/// A command's stdin, through either target.
+enum Sink {
+    Lib(runcell_core::StdinWriter),
+    Mux(crate::mux::MuxStdin),
+}
+
+impl Sink {
+    async fn write(&mut self, data: &[u8]) -> bool {
+        match self {
+            Sink::Lib(w) => w.write(Bytes::copy_from_slice(data)).await.is_ok(),
+            Sink::Mux(w) => w.write(data).await.is_ok(),
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Sink::Lib(w) => w.close(),
+            Sink::Mux(w) => w.close().await,
+        }
+    }
+}
+
+/// Runs `spec` in `target`, streaming; returns the exit code to exit with.
 pub async fn stream(
-    run: &dyn Run,
-    capabilities: &Capabilities,
+    target: Target<'_>,
     mut spec: ExecSpec,
     options: Options,
 ) -> Result<i32, Failure> {
@@ -43,6 +97,10 @@ pub async fn stream(
     if options.interruptible {
         spec.env.push((MARKER_ENV.into(), marker.clone()));
     }
+    let stdin_streaming = match &target {
+        Target::Run { capabilities, .. } => capabilities.stdin_streaming,
+        Target::Mux(client) => client.stdin_streaming(),
+    };
     let stdin = std::io::stdin();
     let mut pipe_stdin = false;
     let mut raw_mode = None;
@@ -66,7 +124,7 @@ pub async fn stream(
                 .map_err(|e| Failure::usage(format!("setting the terminal to raw mode: {e}")))?;
         }
     } else if options.forward_stdin && !stdin.is_terminal() {
-        if capabilities.stdin_streaming {
+        if stdin_streaming {
             spec.stdin = Stdin::Piped;
             pipe_stdin = true;
         } else {
@@ -92,14 +150,29 @@ pub async fn stream(
         None
     };
     let timeout = spec.timeout;
-    let mut exec = run.exec_stream(spec).await?;
-    if let Some(id) = exec.exec_id() {
-        tracing::debug!(
-            "exec id {id} (`sandbox logs -f {} {id}` picks it up if this process dies)",
-            run.id()
-        );
-    }
-    if pipe_stdin && let Some(mut writer) = exec.take_stdin() {
+    let (mut exec, sink, run) = match target {
+        Target::Run { run, .. } => {
+            let mut exec = run.exec_stream(spec).await?;
+            if let Some(id) = exec.exec_id() {
+                tracing::debug!(
+                    "exec id {id} (`sandbox logs -f {} {id}` picks it up if this process dies)",
+                    run.id()
+                );
+            }
+            let sink = exec.take_stdin().map(Sink::Lib);
+            (Running::Lib(exec), sink, Some(run))
+        }
+        Target::Mux(client) => {
+            let marker = options.interruptible.then(|| marker.clone());
+            let mut exec = client.start(&spec, marker).await?;
+            if let Some(id) = exec.exec_id() {
+                tracing::debug!("exec id {id}, through the run's mux");
+            }
+            let sink = matches!(spec.stdin, Stdin::Piped).then(|| Sink::Mux(exec.take_stdin()));
+            (Running::Mux(exec), sink, None)
+        }
+    };
+    if pipe_stdin && let Some(mut writer) = sink {
         tokio::spawn(async move {
             let mut input = tokio::io::stdin();
             let mut buf = vec![0u8; 64 << 10];
@@ -107,17 +180,13 @@ pub async fn stream(
                 match input.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        if writer
-                            .write(Bytes::copy_from_slice(&buf[..n]))
-                            .await
-                            .is_err()
-                        {
+                        if !writer.write(&buf[..n]).await {
                             break;
                         }
                     }
                 }
             }
-            writer.close();
+            writer.close().await;
         });
     }
     let mut stdout = tokio::io::stdout();
@@ -128,7 +197,7 @@ pub async fn stream(
             code = wait_signal(&mut signals) => break Some(code),
             Some(()) = window_changed(&mut window_changes) => {
                 if let Some((rows, cols)) = crate::tty::size() {
-                    let _ = exec.resize(rows, cols);
+                    exec.resize(rows, cols);
                 }
                 continue;
             }
@@ -159,22 +228,38 @@ pub async fn stream(
         }
     };
     if let Some(exit) = interrupted {
-        if options.interruptible {
-            // Dropping the stream kills the command's process tree in the run; wait
-            // until it is gone so that nothing outlives this process unnoticed.
-            drop(exec);
-            wait_gone(run, &marker).await;
-        } else {
-            // `run`: the caller stops the whole run next, which ends every process in
-            // it; a kill racing that stop would only fail noisily. Leak the stream
-            // (the process exits right after).
-            std::mem::forget(exec);
+        match (exec, run) {
+            (Running::Mux(exec), _) => {
+                // The mux kills the command's processes and waits until they are gone.
+                exec.interrupt().await;
+            }
+            (Running::Lib(exec), Some(run)) if options.interruptible => {
+                // Dropping the stream kills the command's process tree in the run; wait
+                // until it is gone so that nothing outlives this process unnoticed.
+                drop(exec);
+                wait_gone(run, &marker).await;
+            }
+            (Running::Lib(exec), _) => {
+                // `run`: the caller stops the whole run next, which ends every process in
+                // it; a kill racing that stop would only fail noisily. Leak the stream
+                // (the process exits right after).
+                std::mem::forget(exec);
+            }
         }
         return Ok(exit);
     }
-    let status = exec.wait().await;
+    let code = match exec {
+        Running::Lib(exec) => exit_code(&exec.wait().await, timeout),
+        Running::Mux(mut exec) => {
+            let exit = exec.exit();
+            if let Some(m) = exit.message {
+                eprintln!("{m}");
+            }
+            exit.code
+        }
+    };
     drop(raw_mode);
-    Ok(exit_code(&status, timeout))
+    Ok(code)
 }
 
 /// The next change of this terminal's size; never, without a terminal.
@@ -187,44 +272,52 @@ async fn window_changed(changes: &mut Option<tokio::signal::unix::Signal>) -> Op
 
 /// The exit code for a status, telling on stderr what is not the command's own.
 pub fn exit_code(status: &ExitStatus, timeout: Option<Duration>) -> i32 {
-    match status {
-        ExitStatus::Exited(c) => *c,
-        ExitStatus::Signaled(n) => 128 + n,
-        ExitStatus::TimedOut => {
-            let after = timeout.map(|t| format!(" after {t:?}")).unwrap_or_default();
-            eprintln!("sandbox: the command timed out{after}; its processes were killed");
-            code::TIMED_OUT
-        }
-        ExitStatus::KillFailed(why) => {
-            let after = timeout.map(|t| format!(" after {t:?}")).unwrap_or_default();
-            eprintln!(
-                "sandbox: the command timed out{after}, and its processes could not be killed ({why}); they may still run: `sandbox stop` ends them"
-            );
-            code::NOT_KILLED
-        }
-        ExitStatus::RunLost(why) => {
-            eprintln!("sandbox: the run is gone ({why}); the command may have run in part");
-            code::RUN_LOST
-        }
-        ExitStatus::TransportLost(why) => {
-            eprintln!(
-                "sandbox: the connection to the backend was lost ({why}); the command may have run"
-            );
-            code::TRANSPORT_LOST
-        }
-        ExitStatus::NotStarted { field, reason } => {
-            eprintln!("sandbox: the command did not start ({field}): {reason}");
-            code::NOT_STARTED
-        }
-        other => {
-            eprintln!("sandbox: the command ended: {other}");
-            code::FAILED
-        }
+    let (code, message) = exit_outcome(status, timeout);
+    if let Some(m) = message {
+        eprintln!("{m}");
     }
+    code
+}
+
+/// The exit code for a status, and the line that tells what is not the command's own.
+pub fn exit_outcome(status: &ExitStatus, timeout: Option<Duration>) -> (i32, Option<String>) {
+    let after = || timeout.map(|t| format!(" after {t:?}")).unwrap_or_default();
+    let (code, line) = match status {
+        ExitStatus::Exited(c) => return (*c, None),
+        ExitStatus::Signaled(n) => return (128 + n, None),
+        ExitStatus::TimedOut => (
+            code::TIMED_OUT,
+            format!(
+                "the command timed out{}; its processes were killed",
+                after()
+            ),
+        ),
+        ExitStatus::KillFailed(why) => (
+            code::NOT_KILLED,
+            format!(
+                "the command timed out{}, and its processes could not be killed ({why}); they may still run: `sandbox stop` ends them",
+                after()
+            ),
+        ),
+        ExitStatus::RunLost(why) => (
+            code::RUN_LOST,
+            format!("the run is gone ({why}); the command may have run in part"),
+        ),
+        ExitStatus::TransportLost(why) => (
+            code::TRANSPORT_LOST,
+            format!("the connection to the backend was lost ({why}); the command may have run"),
+        ),
+        ExitStatus::NotStarted { field, reason } => (
+            code::NOT_STARTED,
+            format!("the command did not start ({field}): {reason}"),
+        ),
+        other => (code::FAILED, format!("the command ended: {other}")),
+    };
+    (code, Some(format!("sandbox: {line}")))
 }
 
 /// Waits (bounded) until no process in the run carries this exec's marker.
-async fn wait_gone(run: &dyn Run, marker: &str) {
+pub(crate) async fn wait_gone(run: &dyn Run, marker: &str) {
     const CHECK: &str = r#"for d in /proc/[0-9]*; do
   if tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "$1"; then exit 1; fi
 done

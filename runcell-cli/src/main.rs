@@ -11,6 +11,7 @@ mod doc;
 mod errors;
 mod exec;
 mod execs;
+mod mux;
 mod progress;
 mod spec;
 mod tty;
@@ -164,6 +165,9 @@ enum Command {
     },
     /// List the registered drivers.
     Drivers,
+    /// The run's mux (started by `exec`; its settings on stdin).
+    #[command(name = "__mux", hide = true)]
+    Mux,
 }
 
 #[derive(Args)]
@@ -313,6 +317,84 @@ async fn connect(global: &Global) -> Result<Arc<dyn Driver>, Failure> {
     Ok(runcell_core::connect(&global.driver, config).await?)
 }
 
+/// The socket of the run's mux for these settings, unless `RUNCELL_MUX` is `off`.
+fn mux_socket(global: &Global, run: &str) -> Option<PathBuf> {
+    if mux::mode() == mux::Mode::Off {
+        return None;
+    }
+    mux::socket_path(
+        &global.driver,
+        &global.config,
+        global.config_file.as_deref(),
+        run,
+    )
+}
+
+/// The launch settings of the run's mux.
+fn mux_launch(global: &Global, run: &str, socket: PathBuf) -> mux::Launch {
+    mux::Launch {
+        driver: global.driver.clone(),
+        config: global.config.clone(),
+        config_file: global.config_file.clone(),
+        run: run.to_string(),
+        socket,
+    }
+}
+
+/// A connection to the run's mux, when one serves it (with `RUNCELL_MUX=require`, one is
+/// started and awaited; an error if none can be had).
+async fn through_mux(global: &Global, run: &str) -> Result<Option<mux::Client>, Failure> {
+    let require = mux::mode() == mux::Mode::Require;
+    let Some(socket) = mux_socket(global, run) else {
+        return if require {
+            Err(Failure::usage(
+                "RUNCELL_MUX=require, but no private directory for the mux's socket can be had",
+            ))
+        } else {
+            Ok(None)
+        };
+    };
+    let usable = |c: &mux::Client| c.stdin_streaming();
+    if let Some(c) = mux::connect(&socket).await.filter(usable) {
+        return Ok(Some(c));
+    }
+    if !require {
+        return Ok(None);
+    }
+    mux::spawn(&mux_launch(global, run, socket.clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Some(c) = mux::connect(&socket).await.filter(usable) {
+            return Ok(Some(c));
+        }
+    }
+    Err(Failure::usage(format!(
+        "RUNCELL_MUX=require, but no mux for run {run} answered within 20s (its log: {})",
+        socket.with_extension("log").display()
+    )))
+}
+
+/// Starts the run's mux in the background for the next `exec` (unless `RUNCELL_MUX` is
+/// `off`).
+fn start_mux(global: &Global, run: &str) {
+    if let Some(socket) = mux_socket(global, run) {
+        mux::spawn(&mux_launch(global, run, socket));
+    }
+}
+
+/// Has the run's mux (if any) exit.
+async fn quit_mux(global: &Global, run: &str) {
+    if let Some(socket) = mux::socket_path(
+        &global.driver,
+        &global.config,
+        global.config_file.as_deref(),
+        run,
+    ) {
+        mux::quit(&socket).await;
+    }
+}
+
 /// A create error about a spec field, placed in the spec file where it sets the field.
 fn placed(error: runcell_core::Error, source: &Option<SpecSource>) -> Failure {
     match source {
@@ -330,6 +412,20 @@ fn exec_spec(args: &RunExecArgs) -> ExecSpec {
 async fn run(cli: Cli) -> Result<i32, Failure> {
     let g = &cli.global;
     match &cli.command {
+        Command::Mux => Ok(mux::serve(async |launch: &mux::Launch| {
+            let global = Global {
+                driver_given: Some(launch.driver.clone()),
+                driver: launch.driver.clone(),
+                config: launch.config.clone(),
+                config_file: launch.config_file.clone(),
+                verbose: 0,
+                quiet: true,
+            };
+            let driver = connect(&global).await?;
+            let streaming = driver.capabilities().stdin_streaming;
+            Ok((driver.attach(&launch.run).await?, streaming))
+        })
+        .await),
         Command::Drivers => {
             for d in runcell_core::drivers()? {
                 println!("{:<10} {}", d.name, d.description);
@@ -363,18 +459,28 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             spec.user = args.user.clone();
             spec.grace = args.grace;
             spec.output_buffer = args.output_buffer;
-            let driver = connect(g).await?;
-            let run = driver.attach(&args.run).await?;
-            if args.detach {
-                return execs::start_detached(&*run, spec, args.common.tty).await;
-            }
             let options = exec::Options {
                 forward_stdin: !args.common.no_stdin,
                 interactive: args.common.interactive,
                 tty: args.common.tty,
                 interruptible: true,
             };
-            exec::stream(&*run, &driver.capabilities(), spec, options).await
+            if !args.detach
+                && let Some(client) = through_mux(g, &args.run).await?
+            {
+                return exec::stream(exec::Target::Mux(client), spec, options).await;
+            }
+            let driver = connect(g).await?;
+            let run = driver.attach(&args.run).await?;
+            if args.detach {
+                return execs::start_detached(&*run, spec, args.common.tty).await;
+            }
+            start_mux(g, &args.run);
+            let target = exec::Target::Run {
+                run: &*run,
+                capabilities: &driver.capabilities(),
+            };
+            exec::stream(target, spec, options).await
         }
         Command::Logs(args) => {
             let run = connect(g).await?.attach(&args.exec.run).await?;
@@ -397,8 +503,6 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             execs::remove(&*run, args).await
         }
         Command::Shell { run } => {
-            let driver = connect(g).await?;
-            let run = driver.attach(run).await?;
             let options = exec::Options {
                 forward_stdin: true,
                 interactive: true,
@@ -406,7 +510,18 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 interruptible: true,
             };
             let spec = runcell_core::ExecSpec::new(["sh"]);
-            exec::stream(&*run, &driver.capabilities(), spec, options).await
+            if let Some(client) = through_mux(g, run).await? {
+                return exec::stream(exec::Target::Mux(client), spec, options).await;
+            }
+            let driver = connect(g).await?;
+            let run_id = run;
+            let run = driver.attach(run_id).await?;
+            start_mux(g, run_id);
+            let target = exec::Target::Run {
+                run: &*run,
+                capabilities: &driver.capabilities(),
+            };
+            exec::stream(target, spec, options).await
         }
         Command::Run { spec, exec: args } => {
             let (spec, source) = spec::build(spec, None)?;
@@ -427,8 +542,11 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 tty: args.tty,
                 interruptible: false,
             };
-            let result =
-                exec::stream(&*run, &driver.capabilities(), exec_spec(args), options).await;
+            let target = exec::Target::Run {
+                run: &*run,
+                capabilities: &driver.capabilities(),
+            };
+            let result = exec::stream(target, exec_spec(args), options).await;
             // The stop below ended the command? Then the signal handler is stopping the
             // run: let it finish and exit.
             yield_to_signal_handler().await;
@@ -447,6 +565,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                     eprintln!("sandbox: {id}: no such run (already stopped?)");
                     continue;
                 }
+                quit_mux(g, id).await;
                 driver.remove(id).await?;
                 println!("{id}");
             }
@@ -484,6 +603,7 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
                 }
             } else {
                 for (id, reason) in runcell_core::reap(&*driver, &selector).await? {
+                    quit_mux(g, &id).await;
                     println!("removed {id} ({})", describe(&reason));
                     any = true;
                 }

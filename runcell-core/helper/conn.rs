@@ -13,8 +13,8 @@ use crate::flow::Flow;
 use crate::link::{Link, REQUEST_BACKLOG, TOTAL_BACKLOG, file_error_frame};
 use crate::proto::{
     self, ATTACH, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET, KILL,
-    KILLED, LIST, PING, PONG, PUT, RELEASE, RESIZE, SPAWN, STDIN, STDIN_ACK, STDIN_EOF,
-    STDIN_WINDOW, Spawn, SpawnError,
+    KILLED, LEAVE, LIST, MAX_GETS, PING, PONG, PUT, RELEASE, RESIZE, SPAWN, STDIN, STDIN_ACK,
+    STDIN_EOF, STDIN_WINDOW, Spawn, SpawnError,
 };
 use crate::{Helper, diag, lock, start_thread, sys};
 
@@ -23,6 +23,9 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Queued stdin bytes of one exec from one connection beyond which that connection broke
 /// the window rule (what other connections queued for it does not count).
 const STDIN_QUEUE_LIMIT: usize = 4 * STDIN_WINDOW as usize;
+/// Queued stdin bytes of one exec from all connections together beyond which the one
+/// that sends more broke the rule (connections that ended leave theirs queued).
+const STDIN_TOTAL_LIMIT: usize = 4 * STDIN_QUEUE_LIMIT;
 
 /// A `PUT` or `GET` in progress.
 enum FileOp {
@@ -153,6 +156,7 @@ impl Conn {
                 self.h.attach(&self.link, id, from);
             }
             RELEASE => self.h.release(id),
+            LEAVE => self.h.leave(&self.link, id),
             LIST => self.h.list(&self.link, id),
             _ => return Err(format!("unknown frame kind {kind}")),
         }
@@ -219,7 +223,8 @@ impl Conn {
             self.link.send_u32(STDIN_ACK, id, data.len() as u32);
             return Ok(());
         }
-        if st.stdin_queued(&self.link, data.len()) > STDIN_QUEUE_LIMIT {
+        let mine = st.stdin_queued(&self.link, data.len());
+        if mine > STDIN_QUEUE_LIMIT || st.stdin_total() > STDIN_TOTAL_LIMIT {
             st.stdin_written(&self.link, data.len());
             return Err(format!("exec {id}: stdin window exceeded"));
         }
@@ -326,6 +331,20 @@ impl Conn {
         if self.in_use(id) {
             self.link
                 .send_file_error(id, FileError::Other, b"", "id already in use");
+            return;
+        }
+        let running = self
+            .files
+            .values()
+            .filter(|op| matches!(op, FileOp::Get(_)))
+            .count();
+        if running >= MAX_GETS {
+            self.link.send_file_error(
+                id,
+                FileError::Other,
+                b"",
+                &format!("{MAX_GETS} GETs run on this connection already"),
+            );
             return;
         }
         let flow = Arc::new(Flow::new());

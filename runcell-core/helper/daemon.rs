@@ -389,12 +389,13 @@ fn peer_allowed(peer: u32, euid: u32) -> bool {
     peer == euid || peer == 0
 }
 
-/// Whether the peer of pid `pid` is not a descendant of the daemon (a process of an
-/// exec: see "Trust" in `proto.rs`). Asked again when a process of the chain went while
-/// it was walked; refused when it still cannot be told.
+/// Whether the peer of pid `pid` is neither this daemon's descendant nor any helper
+/// daemon's (a process of an exec, of this build or another: see "Trust" in `proto.rs`).
+/// Asked again when a process of the chain went while it was walked; refused when it
+/// still cannot be told.
 fn peer_not_ours(pid: i32) -> bool {
     let me = std::process::id() as i32;
-    (0..3).any(|_| procs::descends_from(pid, me) == Some(false))
+    (0..3).any(|_| procs::below_a_daemon(pid, me) == Some(false))
 }
 
 /// A connection accepted: checked (the peer's uid, the number of connections), then

@@ -249,10 +249,8 @@ impl Helper {
         link.send(execs_frame(id, &mut infos));
     }
 
-    /// The connection `link` ended: each exec attached to it is unattached. A detached
-    /// one runs on; any other gets its deadline, the end of its grace (a running one
-    /// with no grace is killed at once, here, as version 2 did; the wait for its
-    /// shepherds is bounded).
+    /// The connection `link` ended: each exec attached to it is unattached (see
+    /// [`Helper::unattach`]).
     pub(crate) fn connection_ended(&self, link: &Arc<Link>) {
         let now = Instant::now();
         let mut kill = Vec::new();
@@ -260,27 +258,62 @@ impl Helper {
             let r = lock(&self.reg);
             for ex in r.execs.values() {
                 let mut st = lock(&ex.st);
-                if !st.attached_to(link) {
-                    continue;
-                }
-                st.link = None;
-                ex.kick_if_starved(&mut st);
-                if ex.detach {
-                    continue;
-                }
-                if !st.done && ex.grace.is_zero() {
-                    st.expired = true;
-                    kill.push(ex.clone());
-                } else {
-                    // An exec over keeps its record as long (so that a host that
-                    // reconnects still gets its `EXIT`).
-                    st.deadline = Some(now.checked_add(ex.grace).unwrap_or(now + FAR));
+                if st.attached_to(link) {
+                    self.unattach(ex, &mut st, now, &mut kill);
                 }
             }
         }
         self.janitor_cv.notify_all();
         if !kill.is_empty() {
             self.kill_at_once(&kill);
+        }
+    }
+
+    /// `LEAVE` from `link`: the exec attached to it is unattached, as if the connection
+    /// had ended for it alone; ignored from any other connection.
+    pub(crate) fn leave(&self, link: &Arc<Link>, id: u32) {
+        let Some(ex) = self.exec(id) else {
+            return;
+        };
+        let mut kill = Vec::new();
+        {
+            let mut st = lock(&ex.st);
+            if st.gone || !st.attached_to(link) {
+                return;
+            }
+            // What is still queued of it here goes: no more frames of it come here.
+            link.purge(id);
+            self.unattach(&ex, &mut st, Instant::now(), &mut kill);
+        }
+        self.janitor_cv.notify_all();
+        if !kill.is_empty() {
+            self.kill_at_once(&kill);
+        }
+        self.settle(&ex);
+    }
+
+    /// Unattaches `ex` from its connection. A detached one runs on; any other gets its
+    /// deadline, the end of its grace (a running one with no grace goes into `kill`, to
+    /// be killed at once, as version 2 did; the wait for its shepherds is bounded).
+    fn unattach(
+        &self,
+        ex: &Arc<Exec>,
+        st: &mut ExecState,
+        now: Instant,
+        kill: &mut Vec<Arc<Exec>>,
+    ) {
+        st.link = None;
+        ex.kick_if_starved(st);
+        if ex.detach {
+            return;
+        }
+        if !st.done && ex.grace.is_zero() {
+            st.expired = true;
+            kill.push(ex.clone());
+        } else {
+            // An exec over keeps its record as long (so that a host that reconnects
+            // still gets its `EXIT`).
+            st.deadline = Some(now.checked_add(ex.grace).unwrap_or(now + FAR));
         }
     }
 

@@ -235,6 +235,11 @@ impl ExecState {
         }
     }
 
+    /// Stdin bytes queued from every connection.
+    pub(crate) fn stdin_total(&self) -> usize {
+        self.queued.iter().map(|(_, q)| q).sum()
+    }
+
     /// `n` stdin bytes from `from` were written (or dropped).
     pub(crate) fn stdin_written(&mut self, from: &Arc<Link>, n: usize) {
         if let Some(i) = self.queued.iter().position(|(l, _)| Arc::ptr_eq(l, from)) {

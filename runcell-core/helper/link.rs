@@ -1,13 +1,16 @@
 //! A connection's outgoing side: the queue of frames for it and the writer thread that
 //! owns its stream (stdout when the relay serves the connection itself, the socket
-//! otherwise). Every thread queues frames here and never blocks on the stream; what is
-//! queued is bounded by the credits and windows of the protocol (output, `ENTRY` and
-//! `STDIN_ACK` frames are queued only within them) and, for everything else a peer can
-//! ask for, by the reader: it takes no frame while the connection's backlog (queued, or
-//! taken by the writer and not written yet) is over [`REQUEST_BACKLOG`], nor, while the
-//! daemon's connections together are over [`TOTAL_BACKLOG`], while anything of its own
-//! is still unwritten ([`Link::wait_backlog`]). A peer that asks and never reads cannot
-//! grow the helper's memory beyond that, however small its requests (a `PING` flood).
+//! otherwise). Every thread queues frames here and never blocks on the stream. What is
+//! queued is bounded: output (`STDOUT`, `STDERR`, a `GET`'s `ENTRY`) by the credit, which
+//! the helper caps ([`crate::proto::MAX_CREDIT`]), and `EXIT` by the number of execs;
+//! every other frame is an answer to something the peer sent, and those are bounded by
+//! the reader: it takes no frame while the connection's unwritten answers (queued, or
+//! taken by the writer and not written yet, each counted with its allocation) are over
+//! [`REQUEST_BACKLOG`], nor, while all connections' together are over [`TOTAL_BACKLOG`],
+//! while any of its own is unwritten ([`Link::wait_backlog`]). A peer that asks and
+//! never reads cannot grow the helper's memory, however small its requests (a `PING`
+//! flood); output in flight never holds a reader up (a host whose transport cannot read
+//! while a write blocks, as on Kubernetes, would otherwise stall).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -19,7 +22,8 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::proto::{
-    EXIT, Enc, FILE_ERROR, FileError, PROTOCOL_ERROR, SPAWN_ERROR, STDERR, STDOUT, SpawnError,
+    ENTRY, EXIT, Enc, FILE_ERROR, FileError, PROTOCOL_ERROR, SPAWN_ERROR, STDERR, STDOUT,
+    SpawnError,
 };
 use crate::{HEADER, lock, sys, wait};
 
@@ -27,28 +31,31 @@ use crate::{HEADER, lock, sys, wait};
 const WRITE_BUFFER: usize = 128 * 1024;
 /// Quiet time after which the writer gives the heap's free pages back to the kernel.
 pub(crate) const TRIM_AFTER: Duration = Duration::from_secs(1);
-/// A connection's unwritten bytes beyond which its reader takes no frame until the
-/// writer caught up. A host that reads its stream only gets there with more output in
-/// flight than this (what it has not read is bounded by the credits it granted), and
-/// then only waits for its own reading.
-pub(crate) const REQUEST_BACKLOG: usize = 64 << 20;
-/// Unwritten bytes of all connections together beyond which a connection's reader takes
-/// a frame only once everything of its own was written.
-pub(crate) const TOTAL_BACKLOG: usize = 256 << 20;
+/// A connection's unwritten answers beyond which its reader takes no frame until the
+/// writer caught up (a host asks for little: its answers in flight are a `LIST` or two).
+pub(crate) const REQUEST_BACKLOG: usize = 16 << 20;
+/// Unwritten answers of all connections together beyond which a connection's reader
+/// takes a frame only once every answer of its own was written.
+pub(crate) const TOTAL_BACKLOG: usize = 64 << 20;
 /// How often a reader held by [`TOTAL_BACKLOG`] looks again (the other connections'
 /// writers do not wake it).
 const TOTAL_BACKLOG_POLL: Duration = Duration::from_millis(20);
 
-/// What a queued frame costs beyond its bytes (its allocation and its place in the
+/// What a queued answer costs beyond its bytes (its allocation and its place in the
 /// queue): a flood of small answers is counted at what it takes in memory.
 const FRAME_OVERHEAD: usize = 64;
 
-/// What a queued frame of `len` bytes is counted as.
-fn cost(len: usize) -> usize {
-    len + FRAME_OVERHEAD
+/// What a queued frame counts against the backlog: nothing for output and `EXIT`
+/// (bounded by the credit and the execs), its bytes and [`FRAME_OVERHEAD`] for an answer.
+fn cost(frame: &[u8]) -> usize {
+    if frame.len() > 4 && matches!(frame[4], STDOUT | STDERR | ENTRY | EXIT) {
+        0
+    } else {
+        frame.len() + FRAME_OVERHEAD
+    }
 }
 
-/// Unwritten bytes of every link of this process.
+/// Unwritten answers of every link of this process ([`cost`]).
 static TOTAL: AtomicUsize = AtomicUsize::new(0);
 
 fn total_add(n: usize) {
@@ -65,7 +72,7 @@ fn total_sub(n: usize) {
 #[derive(Default)]
 pub(crate) struct OutQueue {
     pub(crate) frames: VecDeque<Vec<u8>>,
-    /// What is not written yet ([`cost`]): in `frames`, and in the batch the writer took.
+    /// Answers not written yet ([`cost`]): in `frames`, and in the batch the writer took.
     bytes: usize,
     /// The writer wrote and flushed everything and waits for more.
     pub(crate) idle: bool,
@@ -108,8 +115,9 @@ impl Link {
         if q.closed {
             return;
         }
-        q.bytes += cost(frame.len());
-        total_add(cost(frame.len()));
+        let c = cost(&frame);
+        q.bytes += c;
+        total_add(c);
         q.frames.push_back(frame);
         drop(q);
         self.out_cv.notify_one();
@@ -163,7 +171,7 @@ impl Link {
                     self.broke();
                     return false;
                 }
-                written += cost(f.len());
+                written += cost(&f);
             }
             if batch.capacity() > 1024 {
                 batch = VecDeque::new();
@@ -244,8 +252,9 @@ impl Link {
         }
     }
 
-    /// Waits until at most `limit` bytes of this link are unwritten and, while all links
-    /// together have more than `total` unwritten, none of this one (or the link broke).
+    /// Waits until at most `limit` of this link's answers are unwritten and, while all
+    /// links together have more than `total` unwritten, none of this one's (or the link
+    /// broke).
     pub(crate) fn wait_backlog(&self, limit: usize, total: usize) {
         let mut q = lock(&self.q);
         loop {
@@ -266,7 +275,7 @@ impl Link {
         }
     }
 
-    /// Unwritten bytes of this link.
+    /// Unwritten answers of this link ([`cost`]).
     #[cfg(test)]
     pub(crate) fn backlog(&self) -> usize {
         lock(&self.q).bytes
@@ -284,7 +293,7 @@ impl Link {
                 && matches!(f[4], STDOUT | STDERR | EXIT)
                 && f[5..HEADER] == id.to_le_bytes();
             if of_id {
-                dropped += cost(f.len());
+                dropped += cost(f);
             }
             !of_id
         });
@@ -366,7 +375,7 @@ mod tests {
     use std::thread;
 
     use super::*;
-    use crate::proto::{KILLED, PONG, STDIN_ACK};
+    use crate::proto::{EXECS, KILLED, PONG, STDIN_ACK};
     use crate::start_thread;
     use crate::testing::Frame;
 
@@ -528,7 +537,7 @@ mod tests {
         let (link, mut reader) = piped();
         // More than the pipe and the writer's buffer hold: the writer blocks mid-batch.
         for id in 0..10 {
-            link.send(data(STDOUT, id, 100_000));
+            link.send(data(EXECS, id, 100_000));
         }
         thread::sleep(Duration::from_millis(300));
         let stuck = link.backlog();
@@ -560,6 +569,11 @@ mod tests {
         link.send(data(STDOUT, 7, 10));
         link.purge(7);
         assert_eq!(link.backlog(), 1000 * (HEADER + FRAME_OVERHEAD));
+        // Output and EXIT are bounded otherwise: they count nothing here.
+        link.send(data(STDOUT, 8, 100_000));
+        link.send(data(STDERR, 8, 100_000));
+        link.send_u32(EXIT, 8, 0);
+        assert_eq!(link.backlog(), 1000 * (HEADER + FRAME_OVERHEAD));
         link.broke();
         assert_eq!(link.backlog(), 0);
     }
@@ -567,7 +581,7 @@ mod tests {
     #[test]
     fn the_backlog_wait_ends_when_the_writer_takes_the_queue() {
         let link = Arc::new(Link::new(None));
-        link.send(data(STDOUT, 1, 1000));
+        link.send(data(EXECS, 1, 1000));
         let (tx, rx) = std::sync::mpsc::channel();
         let l = link.clone();
         thread::spawn(move || {

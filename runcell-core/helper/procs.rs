@@ -5,6 +5,8 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 
+use crate::proto::DAEMON_ARG;
+
 /// A process as `/proc/<pid>/stat` shows it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Proc {
@@ -45,11 +47,12 @@ pub(crate) fn read_stat(pid: i32, buf: &mut Vec<u8>) -> Option<Proc> {
     parse_stat(pid, buf)
 }
 
-/// Whether `pid` descends from `ancestor` (by its parent links in `/proc`); `None` when
-/// that cannot be told (a process of the chain went while it was walked, or the chain
-/// is longer than any real one). A pid of 0 (a peer in another pid namespace, above
-/// ours) descends from nothing of ours.
-pub(crate) fn descends_from(pid: i32, ancestor: i32) -> Option<bool> {
+/// Whether `pid` or one of its ancestors (by their parent links in `/proc`) is `ancestor`
+/// or a helper daemon (of any build: see [`is_daemon`]); `None` when that cannot be
+/// told (a process of the chain went while it was walked, or the chain is longer than
+/// any real one). A pid of 0 (a peer in another pid namespace, above ours) descends from
+/// nothing of ours.
+pub(crate) fn below_a_daemon(pid: i32, ancestor: i32) -> Option<bool> {
     const MAX_DEPTH: usize = 4096;
     let mut buf = Vec::with_capacity(512);
     let mut p = pid;
@@ -57,7 +60,7 @@ pub(crate) fn descends_from(pid: i32, ancestor: i32) -> Option<bool> {
         if p <= 0 {
             return Some(false);
         }
-        if p == ancestor {
+        if p == ancestor || is_daemon(p, &mut buf) {
             return Some(true);
         }
         if p == 1 {
@@ -66,6 +69,25 @@ pub(crate) fn descends_from(pid: i32, ancestor: i32) -> Option<bool> {
         p = read_stat(p, &mut buf)?.ppid;
     }
     None
+}
+
+/// Whether process `pid` is a helper daemon: its command line is the daemon's (an
+/// executable, [`DAEMON_ARG`] and the two descriptors it was given). A process of an
+/// exec cannot change what its ancestors' command lines are.
+fn is_daemon(pid: i32, buf: &mut Vec<u8>) -> bool {
+    buf.clear();
+    let read = File::open(format!("/proc/{pid}/cmdline")).and_then(|mut f| f.read_to_end(buf));
+    if read.is_err() {
+        return false;
+    }
+    let args: Vec<&[u8]> = buf.split(|&b| b == 0).collect();
+    let number = |a: &[u8]| !a.is_empty() && a.iter().all(u8::is_ascii_digit);
+    // `exe`, the argument, two descriptors, and the empty piece after the last NUL.
+    args.len() == 5
+        && args[1] == DAEMON_ARG.as_bytes()
+        && number(args[2])
+        && number(args[3])
+        && args[4].is_empty()
 }
 
 /// Every process in `/proc`.

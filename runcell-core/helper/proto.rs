@@ -177,6 +177,11 @@
 //!   refused ([`SpawnError::Resources`]); exited detached records (whose `EXIT` went out,
 //!   or that no connection is attached to) are forgotten oldest first to make room for a
 //!   new exec.
+//! - host `LEAVE` (version 4): the connection stops reading an exec attached to it, as if
+//!   the connection had ended for that exec alone: unattached, a detached one runs on,
+//!   any other runs on for its grace (none: killed at once) and may be `ATTACH`ed by any
+//!   connection meanwhile; no more frames of it come here. From another connection, or
+//!   for an unknown id: ignored.
 //! - `DISCARD` of a non-detached exec is as before (its output is drained and dropped,
 //!   its `EXIT` still sent, then it is forgotten). `DISCARD` of a detached exec only
 //!   unattaches it from this connection (its output is kept).
@@ -210,7 +215,7 @@
 use std::fmt;
 
 /// Bumped on any incompatible change; the host refuses a helper of another version.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The argument that starts the helper as the run's daemon (see the module docs).
 pub const DAEMON_ARG: &str = "--daemon";
 /// The daemon's directory, beside the helper's executable.
@@ -235,6 +240,12 @@ pub const MAX_PAYLOAD: usize = 4 << 20;
 pub const CHUNK: usize = 64 * 1024;
 /// Output bytes (stdout + stderr) of one exec the helper may send before any `CREDIT`.
 pub const INITIAL_CREDIT: u32 = 1024 * 1024;
+/// The most credit an exec or a `GET` holds, whatever the host grants: four windows (a
+/// host never has more than one outstanding; the rest is slack for grants that cross an
+/// `ATTACH`).
+pub const MAX_CREDIT: u64 = 4 * INITIAL_CREDIT as u64;
+/// The most `GET`s one connection runs at once (a host runs fewer: each takes a thread).
+pub const MAX_GETS: usize = 128;
 /// A `PUT` leaves each whole block of zeros this large, aligned in the file, as a hole.
 pub const HOLE_BLOCK: u64 = 4096;
 /// Unacknowledged stdin bytes of one exec the host may have in flight.
@@ -274,6 +285,8 @@ pub const ATTACH: u8 = 11;
 pub const RELEASE: u8 = 12;
 /// List every exec record (answered by `EXECS`, same id).
 pub const LIST: u8 = 13;
+/// The connection stops reading an exec attached to it as if it had ended (version 4).
+pub const LEAVE: u8 = 14;
 
 // Frame kinds, helper → host.
 /// [`Hello`], id 0, the helper's first frame.

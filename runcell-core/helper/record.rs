@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 
 use crate::HEADER;
-use crate::proto::{CHUNK, INITIAL_CREDIT, MAX_KEEP, MIN_KEEP};
+use crate::proto::{CHUNK, INITIAL_CREDIT, MAX_CREDIT, MAX_KEEP, MIN_KEEP};
 
 /// The retained output of one exec and the flow of it to the attached connection.
 #[derive(Debug)]
@@ -181,7 +181,9 @@ impl Output {
 
     /// A `CREDIT` from the attached connection.
     pub(crate) fn grant(&mut self, n: u32) {
-        self.credit = self.credit.saturating_add(u64::from(n));
+        // A host never has more than its window outstanding; more is not taken, so that
+        // a peer cannot have the whole record queued for a connection it does not read.
+        self.credit = self.credit.saturating_add(u64::from(n)).min(MAX_CREDIT);
     }
 
     /// The next `STDOUT`/`STDERR` frame of exec `id` that may go out: bytes from `sent`,

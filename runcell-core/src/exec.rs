@@ -293,8 +293,13 @@ pub struct ExecStream {
     exec_id: Option<crate::ExecId>,
     /// The output offset of the first chunk.
     start_offset: u64,
+    /// A durable exec's [`ExecStream::leave`].
+    leaver: Option<Leaver>,
     _cancel_on_drop: DropGuard,
 }
+
+/// Lets a durable exec's stream leave it (see [`ExecStream::leave`]).
+pub(crate) type Leaver = Box<dyn Fn() + Send + Sync>;
 
 /// Sets the size of a terminal exec's terminal.
 pub(crate) type Resizer = Box<dyn Fn(u16, u16) -> Result<()> + Send + Sync>;
@@ -374,15 +379,43 @@ impl ExecStream {
             resizer: None,
             exec_id: None,
             start_offset: 0,
+            leaver: None,
             _cancel_on_drop: cancel.drop_guard(),
         }
     }
 
-    /// Gives a durable exec its id and the offset its output starts at.
-    pub(crate) fn with_id(mut self, id: crate::ExecId, start_offset: u64) -> ExecStream {
+    /// Gives a durable exec its id, the offset its output starts at and its leave.
+    pub(crate) fn with_id(
+        mut self,
+        id: crate::ExecId,
+        start_offset: u64,
+        leaver: Leaver,
+    ) -> ExecStream {
         self.exec_id = Some(id);
         self.start_offset = start_offset;
+        self.leaver = Some(leaver);
         self
+    }
+
+    /// Stops reading a durable exec without ending it (capability `durable_execs`): the
+    /// command runs on as if this stream's connection had broken, for its
+    /// [`ExecSpec::grace`](crate::ExecSpec::grace) (a detached one until it ends), and
+    /// [`crate::Run::reattach`] from this or another process reads it from any offset
+    /// still kept. Its timeout is no longer enforced (this process no longer watches it;
+    /// the grace bounds it). Stdin gets EOF. An exec that already ended is left as it is.
+    /// Without an exec id (the plain path): [`ErrorKind::Unsupported`] naming `leave`,
+    /// and the stream is dropped (which kills the command).
+    pub fn leave(self) -> Result<()> {
+        match &self.leaver {
+            Some(leave) => {
+                leave();
+                Ok(())
+            }
+            None => Err(Error::unsupported(
+                "leave",
+                "leaving a command running needs a durable exec (the exec helper)",
+            )),
+        }
     }
 
     /// The exec's id in its run, when it has a durable record there (through the exec

@@ -840,3 +840,43 @@ fn a_flood_of_kills_runs_one_kill_per_exec() {
     assert!(killed >= 1, "{killed}");
     assert_threads_back_to(&h, idle);
 }
+
+#[test]
+fn leave_unattaches_one_exec_as_a_broken_connection_would() {
+    let mut h = Helper::start();
+    // With a grace: it runs on unattached, nothing more of it comes here, and another
+    // connection reads all of it.
+    h.spawn(2, &durable("sleep 1000", false, 0, 0)).unwrap();
+    h.spawn(1, &durable(&counter(30), false, 60_000, 0))
+        .unwrap();
+    let f = h.recv();
+    assert_eq!((f.kind, f.id), (STDOUT, 1), "{f:?}");
+    h.send_empty(LEAVE, 1);
+    // From a connection it is not attached to: ignored.
+    let mut h2 = h.connect();
+    h2.send_empty(LEAVE, 2);
+    h.send_empty(PING, 9);
+    loop {
+        let f = h.recv();
+        match (f.kind, f.id) {
+            (PONG, 9) => break,
+            (STDOUT, 1) => {} // queued before the LEAVE was read
+            _ => panic!("unexpected {f:?}"),
+        }
+    }
+    let info = listed(&mut h2, 1).expect("listed");
+    assert!(!info.attached, "{info:?}");
+    assert!(listed(&mut h2, 2).expect("listed").attached);
+    let a = h2.attach(1, 0).expect("attached");
+    assert_eq!(a.at, 0);
+    let (out, exit) = output_until_exit(&mut h2, 1);
+    assert_eq!(out, counter_output(30));
+    assert_eq!(exit, (EXITED, 0));
+    assert!(h.try_recv(Duration::from_millis(300)).is_none());
+    // Without a grace: killed at once, as with a broken connection.
+    let root = h.spawn(3, &durable("sleep 1000", false, 0, 0)).unwrap();
+    let start = assert_alive(root);
+    h.send_empty(LEAVE, 3);
+    assert_gone(root, start);
+    assert!(h2.attach(3, 0).is_none_or(|a| a.end == 0));
+}

@@ -94,6 +94,8 @@ fn run(task: Task) -> Result<()> {
         Task::Bench => {
             engine::ensure_docker()?;
             images::build()?;
+            // The CLI arm runs the release `sandbox` beside the bench binary.
+            cargo(&["build", "--quiet", "--release", "-p", "runcell-cli"], &[])?;
             let bench = [
                 "run",
                 "--quiet",

@@ -429,3 +429,54 @@ pub async fn no_exec_reaches_the_run_s_daemon(cx: &Context) -> anyhow::Result<()
     run.stop().await?;
     Ok(())
 }
+
+/// A stream that leaves its exec (`ExecStream::leave`) lets it run on unattached, as a
+/// broken connection would: another process reattaches and reads every byte from 0 and
+/// the exact status. On the plain path `leave` is `Unsupported` naming it.
+pub async fn a_stream_that_leaves_its_exec_lets_another_read_it(
+    cx: &Context,
+) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    if !durable_or_refused(cx, &*run).await? {
+        let stream = run.exec_stream(counter(3, "0", 0)).await?;
+        match stream.leave() {
+            Ok(()) => bail!("leave on a path without durable execs"),
+            Err(e) => ensure!(
+                e.kind() == ErrorKind::Unsupported && e.field() == Some("leave"),
+                "leave without durable execs: {e}"
+            ),
+        }
+        run.stop().await?;
+        return Ok(());
+    }
+    let lines = 100;
+    let mut stream = run.exec_stream(counter(lines, "0.02", 4)).await?;
+    let id = stream.exec_id().context("a durable exec has an id")?;
+    read_at_least(&mut stream, 30).await?;
+    stream.leave()?;
+    let other = cx.driver.attach(run.id()).await?;
+    let mut unattached = false;
+    for _ in 0..100 {
+        let listed = other.execs().await?;
+        let info = listed
+            .iter()
+            .find(|e| e.id == id)
+            .with_context(|| format!("exec {id} is not listed after leave: {listed:?}"))?;
+        if !info.attached {
+            ensure!(info.status.is_none(), "the exec ended when left: {info:?}");
+            unattached = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(unattached, "exec {id} is still attached after leave");
+    let (out, lost, status) = drain(other.reattach(id, 0).await?).await?;
+    ensure!(lost == 0, "{lost} bytes lost");
+    ensure!(out == counted(lines), "the output read after leave differs");
+    ensure!(
+        status == ExitStatus::Exited(4),
+        "status after leave: {status}"
+    );
+    run.stop().await?;
+    Ok(())
+}

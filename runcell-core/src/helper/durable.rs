@@ -62,27 +62,40 @@ pub(crate) type Reconnect = Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<Sessio
 pub(crate) struct ExecLink {
     pub(crate) id: u32,
     session: Mutex<Arc<Session>>,
+    /// What became of this stream's hold on the exec.
+    handover: Arc<Handover>,
+}
+
+/// What became of a stream's hold on its exec, shared by its parts (its receiver, each
+/// one a resume makes, and its control).
+#[derive(Default)]
+pub(crate) struct Handover {
     /// Another reader attached to the exec (`DETACHED` came): the command is that
     /// reader's now, and this stream's end must not kill it.
-    taken_over: Arc<AtomicBool>,
+    pub(crate) taken_over: AtomicBool,
+    /// The stream left the exec ([`crate::ExecStream::leave`]): its end sends `LEAVE`
+    /// (the command runs on for its grace), never a kill.
+    pub(crate) left: AtomicBool,
 }
 
 impl ExecLink {
-    pub(crate) fn new(
-        id: u32,
-        session: Arc<Session>,
-        taken_over: Arc<AtomicBool>,
-    ) -> Arc<ExecLink> {
+    pub(crate) fn new(id: u32, session: Arc<Session>, handover: Arc<Handover>) -> Arc<ExecLink> {
         Arc::new(ExecLink {
             id,
             session: Mutex::new(session),
-            taken_over,
+            handover,
         })
     }
 
-    /// True once another reader took the exec over.
-    pub(crate) fn taken_over(&self) -> bool {
-        self.taken_over.load(Ordering::SeqCst)
+    /// True once another reader took the exec over, or this stream left it: its end
+    /// must not kill it.
+    pub(crate) fn let_go(&self) -> bool {
+        self.handover.taken_over.load(Ordering::SeqCst) || self.handover.left.load(Ordering::SeqCst)
+    }
+
+    /// This stream leaves the exec (see [`Handover::left`]).
+    pub(crate) fn leave(&self) {
+        self.handover.left.store(true, Ordering::SeqCst);
     }
 
     /// The session to reach the exec through.
@@ -168,7 +181,7 @@ impl Resume {
             let last = match attempt {
                 Ok(session) => match session.attach(self.link.id, self.offset).await {
                     Ok(Some((attached, mut events))) => {
-                        events.taken_over = self.link.taken_over.clone();
+                        events.handover = self.link.handover.clone();
                         if attached.at < self.offset {
                             return Err(format!(
                                 "{why}; the helper resumed the exec at offset {} before {}",

@@ -206,6 +206,12 @@ fn send_entries(
 /// A tar stream of `path` through the helper. A missing path is an error here, not a
 /// broken stream; a failure later is an error item of the stream, never a short archive.
 pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream> {
+    let slot = session
+        .gets
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| lost("the helper session closed".to_string()))?;
     let (_, mut events, _) = session.file_op(proto::GET, path)?;
     let first = match tokio::time::timeout(ANSWER_TIMEOUT, events.next()).await {
         Ok(Some(Event::Entry(e, n))) => {
@@ -219,6 +225,8 @@ pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream
     };
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
     tokio::task::spawn_blocking(move || {
+        // Held until the archive is written (or failed).
+        let _slot = slot;
         let mut out = ChannelWriter {
             tx: tx.clone(),
             poisoned: false,

@@ -242,9 +242,9 @@ pub(crate) struct Receiver {
     credit: Arc<AtomicI64>,
     pub(super) done: bool,
     pub(super) kill_on_drop: bool,
-    /// Set when another connection took the exec over (`DETACHED`): its command is that
-    /// reader's now, and this one's end must not kill it.
-    pub(crate) taken_over: Arc<std::sync::atomic::AtomicBool>,
+    /// Another connection took the exec over (`DETACHED`), or its stream left it
+    /// ([`crate::ExecStream::leave`]): this one's end must not kill it.
+    pub(crate) handover: Arc<super::durable::Handover>,
     /// The session's table: an id dropped before its last event leaves it at once (a
     /// detached exec's last event never comes to a reader that let go of it).
     table: std::sync::Weak<Mutex<Table>>,
@@ -310,7 +310,7 @@ impl Receiver {
                             return None;
                         }
                         Some(Event::Detached) => {
-                            events.taken_over.store(true, Ordering::SeqCst);
+                            events.handover.taken_over.store(true, Ordering::SeqCst);
                             return Some((
                                 Err(io::Error::other(
                                     "another stream attached to this exec and reads it now",
@@ -369,6 +369,11 @@ impl Drop for Receiver {
                 table.slots.remove(&self.id);
             }
         }
+        if self.handover.left.load(Ordering::SeqCst) {
+            // Its stream left it: it runs on (for its grace), unattached.
+            let _ = self.frames.send(Enc::frame(proto::LEAVE, self.id).finish());
+            return;
+        }
         if self.kill_on_drop {
             let _ = self.frames.send(Enc::frame(proto::KILL, self.id).finish());
         }
@@ -392,6 +397,10 @@ pub(crate) struct Session {
     frames: mpsc::UnboundedSender<Vec<u8>>,
     table: Arc<Mutex<Table>>,
     pub(crate) hello: Hello,
+    /// `GET`s this session runs at once: half the helper's bound ([`proto::MAX_GETS`]),
+    /// so that one just done (the helper counts it until its thread ends) never makes
+    /// the next one refused.
+    pub(crate) gets: Arc<Semaphore>,
     next_id: AtomicU32,
     stop: CancellationToken,
     _stop: DropGuard,
@@ -651,6 +660,7 @@ impl Session {
             frames,
             table,
             hello,
+            gets: Arc::new(Semaphore::new(proto::MAX_GETS / 2)),
             // Exec ids are the run's daemon's: a random start keeps this process's ids
             // apart from another's (a clash is refused and another id taken).
             next_id: AtomicU32::new(rand::random::<u32>() >> 1 | 1),
@@ -724,7 +734,7 @@ impl Session {
             credit,
             done: false,
             kill_on_drop: false,
-            taken_over: Arc::default(),
+            handover: Arc::default(),
             table: Arc::downgrade(&self.table),
             on_drop: proto::DISCARD,
         };
@@ -766,8 +776,8 @@ impl Session {
         deadline: Option<Instant>,
         resume: Option<super::durable::Reconnect>,
     ) -> Result<(u32, RawProcess, Arc<super::durable::ExecLink>)> {
-        let (id, process, resume, taken_over) = self.spawn_raw(raw, opts, deadline, resume).await?;
-        let link = super::durable::ExecLink::new(id, self.clone(), taken_over);
+        let (id, process, resume, handover) = self.spawn_raw(raw, opts, deadline, resume).await?;
+        let link = super::durable::ExecLink::new(id, self.clone(), handover);
         let process = match resume {
             Some((events, status, reconnect)) => RawProcess {
                 output: events.into_output(
@@ -804,7 +814,7 @@ impl Session {
             Arc<Mutex<Option<ExitStatus>>>,
             super::durable::Reconnect,
         )>,
-        Arc<std::sync::atomic::AtomicBool>,
+        Arc<super::durable::Handover>,
     )> {
         let tty = opts.tty;
         let piped = !matches!(raw.stdin, Stdin::Null);
@@ -917,9 +927,9 @@ impl Session {
             stdin,
             status: Box::new(HelperStatus(status.clone())),
         };
-        let taken_over = events.taken_over.clone();
+        let handover = events.handover.clone();
         match resume {
-            Some(reconnect) => Ok((id, process, Some((events, status, reconnect)), taken_over)),
+            Some(reconnect) => Ok((id, process, Some((events, status, reconnect)), handover)),
             None => Ok((
                 id,
                 RawProcess {
@@ -927,7 +937,7 @@ impl Session {
                     ..process
                 },
                 None,
-                taken_over,
+                handover,
             )),
         }
     }

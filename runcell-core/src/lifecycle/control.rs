@@ -43,7 +43,7 @@ impl<B: Backend> ExecControl for HelperControl<B> {
     /// helper's kill, the engine kills by the exec marker, and continues the old helper
     /// in case it was stopped (it then sees its closed stream and ends what it started).
     fn detached(&self) -> bool {
-        self.detached || self.link.taken_over()
+        self.detached || self.link.let_go()
     }
 
     async fn kill(&self) -> Result<()> {
@@ -80,7 +80,7 @@ impl ExecControl for ReattachControl {
     }
 
     fn detached(&self) -> bool {
-        self.detached || self.link.taken_over()
+        self.detached || self.link.let_go()
     }
 
     async fn kill(&self) -> Result<()> {

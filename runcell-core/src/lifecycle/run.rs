@@ -349,6 +349,10 @@ impl<B: Backend> Run for CoreRun<B> {
                 Box::new(move |rows, cols| link.session().resize(link.id, rows, cols))
                     as crate::exec::Resizer
             });
+            let leaver = durable.then(|| {
+                let link = link.clone();
+                Box::new(move || link.leave()) as crate::exec::Leaver
+            });
             let control = HelperControl {
                 link,
                 detached: spec.detach,
@@ -360,8 +364,10 @@ impl<B: Backend> Run for CoreRun<B> {
             if let Some(resizer) = resizer {
                 stream = stream.with_resizer(resizer);
             }
-            if durable && let Some(id) = ExecId::new(hid) {
-                stream = stream.with_id(id, 0);
+            if let Some(leaver) = leaver
+                && let Some(id) = ExecId::new(hid)
+            {
+                stream = stream.with_id(id, 0, leaver);
             }
             return Ok(stream);
         }
@@ -421,7 +427,7 @@ impl<B: Backend> Run for CoreRun<B> {
         else {
             return Err(crate::execs::no_such_exec(id, &self.id));
         };
-        let link = ExecLink::new(id.get(), session, events.taken_over.clone());
+        let link = ExecLink::new(id.get(), session, events.handover.clone());
         let status = Arc::new(std::sync::Mutex::new(None));
         let resume = Resume::reattached(link.clone(), self.reconnect(), attached.at);
         let mut output = events.into_output(status.clone(), Some(resume));
@@ -435,6 +441,10 @@ impl<B: Backend> Run for CoreRun<B> {
                 .chain(output)
                 .boxed();
         }
+        let leaver = {
+            let link = link.clone();
+            Box::new(move || link.leave()) as crate::exec::Leaver
+        };
         let control = ReattachControl {
             link,
             detached: attached.detach,
@@ -448,7 +458,7 @@ impl<B: Backend> Run for CoreRun<B> {
         } else {
             from.min(attached.at)
         };
-        Ok(stream.with_id(id, start))
+        Ok(stream.with_id(id, start, leaver))
     }
 
     async fn kill_exec(&self, id: ExecId) -> Result<()> {
