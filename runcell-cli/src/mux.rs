@@ -61,6 +61,8 @@ const STDIN_WINDOW: u32 = 1 << 20;
 const STDIN_CHUNK: usize = 64 << 10;
 /// How long a client waits for the mux's `HELLO`, and the mux for an `EXEC`.
 const GREETING: Duration = Duration::from_secs(5);
+/// How often an idle mux checks that its run is still there.
+const LIVENESS_CHECK: Duration = Duration::from_secs(15);
 /// How long an interrupted client waits for `GONE` (the mux's wait is bounded by
 /// [`crate::exec::KILL_WAIT`]).
 const GONE_WAIT: Duration = Duration::from_secs(30);
@@ -601,7 +603,7 @@ pub async fn serve(
         quit: Notify::new(),
         stdin_streaming,
     });
-    let mut last_busy = Instant::now();
+    let (mut last_busy, mut last_check) = (Instant::now(), Instant::now());
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -621,6 +623,13 @@ pub async fn serve(
                 } else if last_busy.elapsed() >= idle {
                     tracing::info!("idle for {idle:?}: exiting");
                     break;
+                } else if last_check.elapsed() >= LIVENESS_CHECK {
+                    // A run removed behind its back (not by `sandbox stop`) ends it too.
+                    last_check = Instant::now();
+                    if run_gone(&*run).await {
+                        tracing::info!("the run is gone: exiting");
+                        break;
+                    }
                 }
             }
         }
@@ -631,6 +640,16 @@ pub async fn serve(
     }
     drop(lock);
     0
+}
+
+/// Whether the run is gone (checked with one exec; any other failure is not taken for
+/// that).
+async fn run_gone(run: &dyn Run) -> bool {
+    let check = ExecSpec::new(["true"]).timeout(Duration::from_secs(10));
+    match run.exec(check).await {
+        Ok(out) => matches!(out.status, ExitStatus::RunLost(_)),
+        Err(e) => matches!(e.kind(), ErrorKind::RunLost | ErrorKind::NotFound),
+    }
 }
 
 struct State {

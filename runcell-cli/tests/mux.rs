@@ -292,3 +292,27 @@ fn a_killed_exec_leaves_its_command_to_logs_with_every_byte() {
     run(m.cmd("off", &["stop", &id]));
     m.sb.assert_nothing_left();
 }
+
+#[test]
+fn a_mux_whose_run_was_removed_behind_its_back_exits() {
+    let Some(m) = Muxed::new("mux-removed") else {
+        return;
+    };
+    let id = m.sb.start(&[]);
+    let out = run(m.exec("require", &id, &[], &["true"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert_eq!(m.muxes().len(), 1);
+    let removed = Command::new("docker")
+        .args(["rm", "-f", &id])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(removed.success());
+    // It checks every 15 s while idle.
+    assert!(
+        eventually(Duration::from_secs(40), || m.muxes().is_empty()),
+        "the mux outlived its run"
+    );
+    assert!(m.sockets().is_empty(), "{:?}", m.sockets());
+    m.sb.assert_nothing_left();
+}
