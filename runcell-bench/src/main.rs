@@ -181,7 +181,6 @@ async fn sh(run: &dyn Run, script: &str) -> Res<()> {
     Ok(())
 }
 
-#[tokio::main]
 /// `sandbox exec RUN -- true` as a shell runs it, one process per call: through the run's
 /// mux (a `sandbox exec` before started it), without it (`RUNCELL_MUX=off`: the process
 /// connects, attaches and opens its own exec), and, on Docker, `docker exec`; interleaved.
@@ -252,6 +251,7 @@ fn cli_calls(driver: &str, run: &str, rounds: usize) -> Res<()> {
     Ok(())
 }
 
+#[tokio::main]
 async fn main() -> Res<()> {
     // `RUST_LOG=runcell_core=debug` shows what the library does (and each span's time).
     if std::env::var_os("RUST_LOG").is_some() {
