@@ -602,6 +602,7 @@ pub async fn serve(
         active: AtomicUsize::new(0),
         quit: Notify::new(),
         stdin_streaming,
+        driver: launch.driver.clone(),
     });
     let (mut last_busy, mut last_check) = (Instant::now(), Instant::now());
     loop {
@@ -657,6 +658,8 @@ struct State {
     active: AtomicUsize,
     quit: Notify,
     stdin_streaming: bool,
+    /// The driver's name, for the hints of failures it tells.
+    driver: String,
 }
 
 /// One connection: one exec.
@@ -702,7 +705,7 @@ async fn serve_conn(run: &Arc<dyn Run>, state: &Arc<State>, sock: UnixStream) {
             let failure = Failure::from(e);
             let f = Failed {
                 message: failure.to_string(),
-                hint: failure.hint(""),
+                hint: failure.hint(&state.driver),
                 code: failure.code(),
             };
             let _ = out.send(json_frame(kind::FAILED, &f)).await;

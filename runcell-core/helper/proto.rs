@@ -19,7 +19,8 @@
 //! - host `SPAWN` ([`Spawn`]) → helper `STARTED` (pid u32) or `SPAWN_ERROR` (kind u8, message).
 //! - helper `STDOUT` / `STDERR` (data, at most [`CHUNK`] bytes each). The helper never sends
 //!   more output bytes of one exec (stdout + stderr together) than the host granted:
-//!   [`INITIAL_CREDIT`] at spawn, plus every `CREDIT` (u32) the host sends afterwards. A
+//!   [`INITIAL_CREDIT`] at spawn, plus every `CREDIT` (u32) the host sends afterwards
+//!   (what it holds is capped at [`MAX_CREDIT`]; a host never has more out). A
 //!   command that prints faster than the host reads is blocked on its pipe: backpressure,
 //!   never a buffer in the helper.
 //! - host `STDIN` (data) and `STDIN_EOF`; the helper answers `STDIN_ACK` (u32 bytes) once
@@ -76,7 +77,8 @@
 //! - host `GET` (path: absolute) → helper `ENTRY` frames for the path itself (its base name)
 //!   and, for a directory, everything below it, depth first, each regular file followed by
 //!   exactly `size` bytes of `STDOUT` frames, then `DONE`; or `FILE_ERROR`. `ENTRY` and
-//!   `STDOUT` payload bytes both count against the id's credit (the exec rule).
+//!   `STDOUT` payload bytes both count against the id's credit (the exec rule). At most
+//!   [`MAX_GETS`] run on one connection at once; one more is refused (`FILE_ERROR`).
 //! - `DONE` is each operation's success marker: the host treats an operation as done only
 //!   when it came. A `GET` that cannot send something whole ends with `FILE_ERROR` naming
 //!   it, never with `DONE`: a file it cannot open or read, a directory it cannot list, a
@@ -85,7 +87,7 @@
 //!   devices have no entry type and are skipped, as are entries removed before they were
 //!   read; a file that grew is sent as long as it was when its `ENTRY` was sent.
 //!
-//! # Daemon, relay and durable execs (version 3)
+//! # Daemon, relay and durable execs (version 3; `LEAVE` since version 4)
 //! The program the host starts through the engine (`/.runcell/helper`, no argument) is a
 //! *relay*. It makes sure the run's *daemon* is up, connects to it over a Unix socket and
 //! copies bytes both ways between its own stdin/stdout and that socket until either side

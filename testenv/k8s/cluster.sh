@@ -361,12 +361,21 @@ lock() {
   flock 9
 }
 
+# restart-apiserver: stops the apiserver (SIGTERM: it ends every stream it proxies, exec
+# streams too) and brings the cluster up again; for the test that a command outlives it.
+cmd_restart_apiserver() {
+  stop_component kube-apiserver
+  cmd_up >/dev/null
+  log "kube-apiserver restarted"
+}
+
 case ${1:-} in
 up) lock && cmd_up ;;
+restart-apiserver) lock && cmd_restart_apiserver ;;
 down) lock && cmd_down ;;
 status) cmd_status ;;
 *)
-  echo "usage: $0 up|down|status" >&2
+  echo "usage: $0 up|down|status|restart-apiserver" >&2
   exit 2
   ;;
 esac

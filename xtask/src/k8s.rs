@@ -31,6 +31,11 @@ pub fn registry_hosts_dir() -> PathBuf {
     state_dir().join("realnode/etc/certs.d")
 }
 
+/// The test cluster's `cluster.sh`.
+pub fn cluster_script() -> PathBuf {
+    repo().join("testenv/k8s/cluster.sh")
+}
+
 fn script(name: &str) -> Command {
     let mut cmd = Command::new("bash");
     cmd.arg(repo().join("testenv/k8s").join(name))

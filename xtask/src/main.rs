@@ -328,6 +328,33 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
         ],
         &[("KUBECONFIG", restricted), (TEST_ENV, "k8s")],
     )?;
+    // A command that outlives an apiserver restart: last and alone (it restarts the
+    // cluster's apiserver).
+    let cluster_sh = k8s::cluster_script();
+    let state = k8s::state_dir();
+    cargo(
+        &[
+            "test",
+            "--quiet",
+            "-p",
+            "runcell-k8s",
+            "--test",
+            "apiserver_restart",
+        ],
+        &[
+            ("KUBECONFIG", restricted),
+            (TEST_ENV, "k8s"),
+            (SESSION_ENV, session),
+            (
+                "RUNCELL_TESTENV_CLUSTER_SH",
+                cluster_sh.to_str().context("a UTF-8 repository path")?,
+            ),
+            (
+                k8s::STATE_ENV,
+                state.to_str().context("a UTF-8 state directory")?,
+            ),
+        ],
+    )?;
     k8s::assert_no_leftovers(admin, session)
 }
 
