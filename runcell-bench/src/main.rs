@@ -213,19 +213,18 @@ fn cli_calls(driver: &str, run: &str, rounds: usize) -> Res<()> {
     };
     // Starts the mux (and waits for it).
     call("require")?;
-    let docker = (driver == "docker").then(|| {
-        move || -> Res<Duration> {
-            let t = Instant::now();
-            let out = std::process::Command::new("docker")
-                .args(["exec", run, "true"])
-                .stdin(std::process::Stdio::null())
-                .output()?;
-            if !out.status.success() {
-                return Err("docker exec failed".into());
-            }
-            Ok(t.elapsed())
+    let docker_exec = || -> Res<Duration> {
+        let t = Instant::now();
+        let out = std::process::Command::new("docker")
+            .args(["exec", run, "true"])
+            .stdin(std::process::Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err("docker exec failed".into());
         }
-    });
+        Ok(t.elapsed())
+    };
+    let docker = driver == "docker";
     println!(
         "== {driver}: `sandbox exec RUN -- true` from a shell, {rounds} rounds of 5 per arm, interleaved"
     );
@@ -234,8 +233,8 @@ fn cli_calls(driver: &str, run: &str, rounds: usize) -> Res<()> {
         for _ in 0..5 {
             m.push(call("require")?);
             o.push(call("off")?);
-            if let Some(docker) = &docker {
-                d.push(docker()?);
+            if docker {
+                d.push(docker_exec()?);
             }
         }
     }
