@@ -475,12 +475,14 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             if args.detach {
                 return execs::start_detached(&*run, spec, args.common.tty).await;
             }
-            start_mux(g, &args.run);
             let target = exec::Target::Run {
                 run: &*run,
                 capabilities: &driver.capabilities(),
             };
-            exec::stream(target, spec, options).await
+            let code = exec::stream(target, spec, options).await;
+            // After the command, so that its run saw nothing of the mux meanwhile.
+            start_mux(g, &args.run);
+            code
         }
         Command::Logs(args) => {
             let run = connect(g).await?.attach(&args.exec.run).await?;
@@ -516,12 +518,13 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             let driver = connect(g).await?;
             let run_id = run;
             let run = driver.attach(run_id).await?;
-            start_mux(g, run_id);
             let target = exec::Target::Run {
                 run: &*run,
                 capabilities: &driver.capabilities(),
             };
-            exec::stream(target, spec, options).await
+            let code = exec::stream(target, spec, options).await;
+            start_mux(g, run_id);
+            code
         }
         Command::Run { spec, exec: args } => {
             let (spec, source) = spec::build(spec, None)?;

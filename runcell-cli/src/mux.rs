@@ -200,9 +200,12 @@ fn frames_of(mut r: OwnedReadHalf) -> mpsc::UnboundedReceiver<(u8, Vec<u8>)> {
 }
 
 /// Writes the frames of a channel; ends with it or the connection.
-fn writer_of(mut w: OwnedWriteHalf, capacity: usize) -> mpsc::Sender<Vec<u8>> {
+fn writer_of(
+    mut w: OwnedWriteHalf,
+    capacity: usize,
+) -> (mpsc::Sender<Vec<u8>>, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(capacity);
-    tokio::spawn(async move {
+    let written = tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
             if w.write_all(&f).await.is_err() {
                 return;
@@ -210,7 +213,7 @@ fn writer_of(mut w: OwnedWriteHalf, capacity: usize) -> mpsc::Sender<Vec<u8>> {
         }
         let _ = w.shutdown().await;
     });
-    tx
+    (tx, written)
 }
 
 fn uid() -> u32 {
@@ -295,7 +298,7 @@ pub async fn connect(path: &Path) -> Option<Client> {
     }
     Some(Client {
         frames,
-        out: writer_of(w, 64),
+        out: writer_of(w, 64).0,
         stdin_streaming: hello.stdin_streaming,
     })
 }
@@ -635,6 +638,12 @@ pub async fn serve(
             }
         }
     }
+    // What the connections still have to say goes out first (bounded).
+    drop(listener);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while state.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Our socket only (a mux started after a quit may have bound a new one).
     if std::fs::metadata(&launch.socket).map(|m| m.ino()).ok() == bound {
         let _ = std::fs::remove_file(&launch.socket);
@@ -669,8 +678,20 @@ async fn serve_conn(run: &Arc<dyn Run>, state: &Arc<State>, sock: UnixStream) {
         _ => return,
     }
     let (r, w) = sock.into_split();
-    let mut frames = frames_of(r);
-    let out = writer_of(w, 32);
+    let (out, written) = writer_of(w, 32);
+    serve_exec(run, state, frames_of(r), out).await;
+    // What it queued goes out before the connection counts as done (bounded: a stdin
+    // task may hold the writer a little longer).
+    let _ = tokio::time::timeout(Duration::from_secs(2), written).await;
+}
+
+/// The exec of one connection, from its `HELLO` to its `EXIT`.
+async fn serve_exec(
+    run: &Arc<dyn Run>,
+    state: &Arc<State>,
+    mut frames: mpsc::UnboundedReceiver<(u8, Vec<u8>)>,
+    out: mpsc::Sender<Vec<u8>>,
+) {
     let hello = Hello {
         version: VERSION,
         stdin_streaming: state.stdin_streaming,
@@ -684,8 +705,8 @@ async fn serve_conn(run: &Arc<dyn Run>, state: &Arc<State>, sock: UnixStream) {
     match k {
         kind::EXEC => {}
         kind::QUIT => {
-            state.quit.notify_one();
             let _ = out.send(frame(kind::BYE, &[])).await;
+            state.quit.notify_one();
             return;
         }
         _ => return,
@@ -699,9 +720,7 @@ async fn serve_conn(run: &Arc<dyn Run>, state: &Arc<State>, sock: UnixStream) {
     let mut exec = match run.exec_stream(spec).await {
         Ok(exec) => exec,
         Err(e) => {
-            if e.kind() == ErrorKind::RunLost {
-                state.quit.notify_one();
-            }
+            let lost = e.kind() == ErrorKind::RunLost;
             let failure = Failure::from(e);
             let f = Failed {
                 message: failure.to_string(),
@@ -709,6 +728,9 @@ async fn serve_conn(run: &Arc<dyn Run>, state: &Arc<State>, sock: UnixStream) {
                 code: failure.code(),
             };
             let _ = out.send(json_frame(kind::FAILED, &f)).await;
+            if lost {
+                state.quit.notify_one();
+            }
             return;
         }
     };
@@ -779,13 +801,13 @@ async fn serve_conn(run: &Arc<dyn Run>, state: &Arc<State>, sock: UnixStream) {
         }
     }
     let status = exec.wait().await;
-    if matches!(status, ExitStatus::RunLost(_)) {
-        state.quit.notify_one();
-    }
     let (code, message) = crate::exec::exit_outcome(&status, timeout);
     let _ = out
         .send(json_frame(kind::EXIT, &Exit { code, message }))
         .await;
+    if matches!(status, ExitStatus::RunLost(_)) {
+        state.quit.notify_one();
+    }
 }
 
 /// The client went before its command ended: the mux leaves the command as a broken
