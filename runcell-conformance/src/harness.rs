@@ -265,6 +265,25 @@ pub enum OwnerMode {
     /// prints `READY`, waits for a line on stdin, claims, prints `RUN <id>` for each (after
     /// checking that the run has its env `WHO=child`), stops them, prints `DONE`.
     PoolClaimer,
+    /// Attaches the run [`RUN_ENV`] names, starts [`EXEC_CHILD_SCRIPT`] in it, reads its
+    /// output until [`EXEC_CHILD_READS`] bytes came, checks them, prints `EXEC <id> <bytes
+    /// read>` and waits to be killed.
+    ExecReader,
+}
+
+/// The run an [`OwnerMode::ExecReader`] child attaches.
+pub const RUN_ENV: &str = "RUNCELL_CONFORMANCE_RUN";
+/// What an [`OwnerMode::ExecReader`] child runs: 200 numbered lines 50 ms apart, exit 6.
+pub const EXEC_CHILD_SCRIPT: &str =
+    "i=0; while [ $i -lt 200 ]; do echo line$i; i=$((i+1)); sleep 0.05; done; exit 6";
+/// How many bytes an [`OwnerMode::ExecReader`] child reads at least before it reports.
+pub const EXEC_CHILD_READS: usize = 200;
+
+/// What [`EXEC_CHILD_SCRIPT`] prints.
+pub fn exec_child_output() -> Vec<u8> {
+    (0..200)
+        .flat_map(|i| format!("line{i}\n").into_bytes())
+        .collect()
 }
 
 /// How many runs a [`OwnerMode::PoolClaimer`] child claims.
@@ -386,6 +405,27 @@ async fn owner_child() -> anyhow::Result<()> {
         pool.shutdown().await?;
         println!("DONE");
         return Ok(());
+    }
+    if mode == format!("{:?}", OwnerMode::ExecReader) {
+        let run = driver.attach(&std::env::var(RUN_ENV)?).await?;
+        let mut stream = run
+            .exec_stream(runcell_core::ExecSpec::new(["sh", "-c", EXEC_CHILD_SCRIPT]))
+            .await?;
+        let id = stream.exec_id().context("a durable exec has an id")?;
+        let mut read = Vec::new();
+        while read.len() < EXEC_CHILD_READS {
+            match stream.next_chunk().await {
+                Some(runcell_core::OutputChunk::Stdout(b)) => read.extend_from_slice(&b),
+                other => bail!("the exec child read {other:?}"),
+            }
+        }
+        anyhow::ensure!(
+            exec_child_output().starts_with(&read),
+            "the exec child read other bytes than the command printed"
+        );
+        println!("EXEC {id} {}", read.len());
+        // Wait for SIGKILL, the stream held.
+        std::future::pending::<()>().await;
     }
     if mode == format!("{:?}", OwnerMode::GuardedWithSignalHandler) {
         runcell_core::stop_runs_on_signal()?;

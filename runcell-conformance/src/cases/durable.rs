@@ -480,3 +480,54 @@ pub async fn a_stream_that_leaves_its_exec_lets_another_read_it(
     run.stop().await?;
     Ok(())
 }
+
+/// The process that reads a command is SIGKILLed mid-command (a child process of this
+/// test, holding the stream): the command runs on for its grace, and this process
+/// attaches the run, reattaches from the byte the child had reached and reads the rest:
+/// the child's bytes and these together are the command's whole output, and the status
+/// is exact.
+pub async fn a_killed_reader_process_leaves_the_rest_to_another(
+    cx: &Context,
+) -> anyhow::Result<()> {
+    use crate::harness::{EXEC_CHILD_READS, OwnerMode, RUN_ENV, exec_child_output};
+    let run = cx.driver.start(&cx.spec()).await?;
+    if !durable_or_refused(cx, &*run).await? {
+        run.stop().await?;
+        return Ok(());
+    }
+    let mut child = crate::harness::spawn_child(cx, OwnerMode::ExecReader, &[(RUN_ENV, run.id())])?;
+    let stdout = child.stdout.take().context("the child's stdout")?;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let line = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .context("the exec child did not report")??
+        .context("the exec child ended without reporting")?;
+    let (id, read) = match line.strip_prefix("EXEC ").and_then(|l| l.split_once(' ')) {
+        Some((id, n)) => (id.parse::<ExecId>()?, n.parse::<u64>()?),
+        None => bail!("the exec child printed {line:?}"),
+    };
+    ensure!(
+        read as usize >= EXEC_CHILD_READS,
+        "the child read {read} bytes"
+    );
+    child.kill().await?;
+    child.wait().await?;
+    let other = cx.driver.attach(run.id()).await?;
+    let (rest, lost, status) = drain(other.reattach(id, read).await?).await?;
+    ensure!(lost == 0, "{lost} bytes lost");
+    let all = exec_child_output();
+    let mut whole = all[..read as usize].to_vec();
+    whole.extend_from_slice(&rest);
+    ensure!(
+        whole == all,
+        "the killed reader's bytes and the rest are {} bytes, not the command's {}",
+        whole.len(),
+        all.len()
+    );
+    ensure!(
+        status == ExitStatus::Exited(6),
+        "status after the reader died: {status}"
+    );
+    run.stop().await?;
+    Ok(())
+}

@@ -149,6 +149,7 @@ pub static CASES: &[Case] = &[
     case!(stop_ends_detached_commands),
     case!(no_exec_reaches_the_run_s_daemon),
     case!(a_stream_that_leaves_its_exec_lets_another_read_it),
+    case!(a_killed_reader_process_leaves_the_rest_to_another),
     case!(a_terminal_exec_sees_its_terminal_and_resizes),
     case!(
         ctrl_c_interrupts_a_terminal_exec_and_timeouts_still_kill,
