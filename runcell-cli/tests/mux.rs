@@ -80,6 +80,22 @@ impl Muxed {
     }
 }
 
+/// Starts `cmd` (stdout piped, stderr dropped) and reads the first line it prints.
+fn first_line(mut cmd: Command) -> (std::process::Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    (child, line)
+}
+
 fn mode_of(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
 }
@@ -199,24 +215,14 @@ fn an_idle_mux_exits_and_an_interrupt_through_it_kills_the_command() {
         return;
     };
     let id = m.sb.start(&[]);
-    let mut child = m
-        .exec(
-            "require",
-            &id,
-            &[],
-            &["sh", "-c", "echo started; sleep 1000"],
-        )
-        .env("RUNCELL_MUX_IDLE", "2s")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let mut cmd = m.exec(
+        "require",
+        &id,
+        &[],
+        &["sh", "-c", "echo started; sleep 1000"],
+    );
+    cmd.env("RUNCELL_MUX_IDLE", "2s");
+    let (mut child, line) = first_line(cmd);
     assert_eq!(line, "started\n");
     signal(child.id(), "INT");
     assert_eq!(child.wait().unwrap().code(), Some(130));
@@ -260,18 +266,7 @@ fn a_killed_exec_leaves_its_command_to_logs_with_every_byte() {
     let expected: String = (1..=40).map(|i| format!("{i}\n")).collect();
     for mode in ["require", "off"] {
         let script = format!("for i in $(seq 1 40); do echo $i; sleep 0.1; done # {mode}");
-        let mut child = m
-            .exec(mode, &id, &[], &["sh", "-c", &script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        let (mut child, line) = first_line(m.exec(mode, &id, &[], &["sh", "-c", &script]));
         assert_eq!(line, "1\n");
         signal(child.id(), "KILL");
         child.wait().unwrap();
