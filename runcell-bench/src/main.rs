@@ -250,6 +250,97 @@ fn cli_calls(driver: &str, run: &str, rounds: usize) -> Res<()> {
     Ok(())
 }
 
+/// Drains a stream: (time from `t` to its first output byte, bytes); fails unless it
+/// ends in success.
+async fn drain(t: Instant, mut stream: runcell_core::ExecStream) -> Res<(Duration, u64)> {
+    let (mut first, mut bytes) = (None, 0u64);
+    while let Some(chunk) = stream.next_chunk().await {
+        if let OutputChunk::Stdout(b) = chunk {
+            first.get_or_insert_with(|| t.elapsed());
+            bytes += b.len() as u64;
+        }
+    }
+    let status = stream.wait().await;
+    if !status.success() {
+        return Err(format!("reattached exec ended {status:?}").into());
+    }
+    Ok((first.unwrap_or_default(), bytes))
+}
+
+/// Reattach: to a finished detached exec whose 1 MiB of output the sandbox keeps, from
+/// this process (the run's held stream) and as a new process would (a new driver, attach
+/// the run, reattach); then the host's RSS over 1 000 reattaches, twice (the second
+/// thousand must not grow it: nothing is kept per reattach).
+async fn reattaches(
+    driver: &Arc<dyn Driver>,
+    name: &str,
+    spec: &RunSpec,
+    rounds: usize,
+) -> Res<()> {
+    if !driver.capabilities().durable_execs {
+        return Ok(());
+    }
+    println!(
+        "== {name}: reattach to a finished detached exec (1 MiB kept), {rounds} rounds, interleaved"
+    );
+    let run = driver.create(spec).await?;
+    let script = "head -c 1048576 /dev/zero | tr '\\0' x";
+    let stream = run
+        .exec_stream(ExecSpec::new(["sh", "-c", script]).detach())
+        .await?;
+    let id = stream.exec_id().ok_or("a detached exec without an id")?;
+    drop(stream);
+    run.wait_exec(id).await?;
+    let (mut same, mut same_all, mut fresh) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let (first, bytes) = drain(t, run.reattach(id, 0).await?).await?;
+        same_all.push(t.elapsed());
+        same.push(first);
+        assert_eq!(bytes, 1 << 20, "a reattach read the whole output");
+        let t = Instant::now();
+        let other = runcell_core::connect(name, DriverConfig::from_env(name)).await?;
+        let attached = other.attach(run.id()).await?;
+        let mut stream = attached.reattach(id, 0).await?;
+        loop {
+            match stream.next_chunk().await {
+                Some(OutputChunk::Stdout(_)) => break,
+                Some(_) => {}
+                None => return Err("a reattach from a new driver read nothing".into()),
+            }
+        }
+        fresh.push(t.elapsed());
+        drop(stream);
+    }
+    println!(
+        "this process: first byte p50 {:8.2} ms, all 1 MiB + status p50 {:8.2} ms",
+        ms(median(same)),
+        ms(median(same_all))
+    );
+    println!(
+        "a new driver (connect, attach, reattach) to the first byte p50 {:8.2} ms",
+        ms(median(fresh))
+    );
+    let mut after = Vec::new();
+    let before = runcell_conformance::rss_bytes().unwrap_or(0);
+    for _ in 0..2 {
+        let t = Instant::now();
+        for _ in 0..1000 {
+            drain(Instant::now(), run.reattach(id, 1 << 19).await?).await?;
+        }
+        after.push((runcell_conformance::rss_bytes().unwrap_or(0), t.elapsed()));
+    }
+    println!(
+        "host RSS over 1 000 reattaches (512 KiB each): {:+.1} MiB ({:.1} s); over the next 1 000: {:+.1} MiB ({:.1} s)",
+        (after[0].0 as f64 - before as f64) / 1048576.0,
+        after[0].1.as_secs_f64(),
+        (after[1].0 as f64 - after[0].0 as f64) / 1048576.0,
+        after[1].1.as_secs_f64(),
+    );
+    run.stop().await?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Res<()> {
     // `RUST_LOG=runcell_core=debug` shows what the library does (and each span's time).
@@ -378,6 +469,7 @@ async fn main() -> Res<()> {
         "helper RSS in the sandbox (idle): {} kB",
         helper_rss_kb(&*helper).await?
     );
+    reattaches(&driver, &name, &helper_spec, rounds).await?;
     helper.stop().await?;
     plain.stop().await?;
 

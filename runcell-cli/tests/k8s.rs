@@ -75,6 +75,13 @@ fn start_exec_stop_on_kubernetes() {
 }
 
 #[test]
+fn a_killed_exec_leaves_its_command_to_logs_on_kubernetes() {
+    if let Some(sb) = sandbox("k8s-mux-sigkill") {
+        common::mux::a_killed_exec_leaves_every_byte(&common::mux::Muxed::with(sb));
+    }
+}
+
+#[test]
 fn run_passes_exit_codes_on_kubernetes() {
     let Some(sb) = sandbox("k8s-run") else { return };
     let out = run(sb.run_cmd(

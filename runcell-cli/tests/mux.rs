@@ -8,93 +8,12 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Sandbox, code, eventually, run, run_with_stdin, signal, text};
-
-/// A test's sandbox handle and its runtime directory.
-struct Muxed {
-    sb: Sandbox,
-    runtime: tempfile::TempDir,
-}
-
-impl Muxed {
-    fn new(case: &str) -> Option<Muxed> {
-        let sb = Sandbox::new("docker", case)?;
-        let runtime = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            runtime.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .unwrap();
-        Some(Muxed { sb, runtime })
-    }
-
-    /// `sandbox ARGS` with this test's runtime directory and `RUNCELL_MUX=mode`.
-    fn cmd(&self, mode: &str, args: &[&str]) -> Command {
-        let mut c = self.sb.cmd(args);
-        c.env("XDG_RUNTIME_DIR", self.runtime.path())
-            .env("RUNCELL_MUX", mode);
-        c
-    }
-
-    fn exec(&self, mode: &str, run: &str, args: &[&str], argv: &[&str]) -> Command {
-        let mut all = vec!["exec", run];
-        all.extend(args);
-        all.push("--");
-        all.extend(argv);
-        self.cmd(mode, &all)
-    }
-
-    fn sockets(&self) -> Vec<PathBuf> {
-        let dir = self.runtime.path().join("runcell");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-            .collect()
-    }
-
-    /// The pids of this test's muxes.
-    fn muxes(&self) -> Vec<u32> {
-        let want = format!("XDG_RUNTIME_DIR={}", self.runtime.path().display());
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-                let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')));
-                !zombie
-                    && cmdline.split(|&b| b == 0).any(|a| a == b"__mux")
-                    && environ.split(|&b| b == 0).any(|v| v == want.as_bytes())
-            })
-            .collect()
-    }
-}
-
-/// Starts `cmd` (stdout piped, stderr dropped) and reads the first line it prints.
-fn first_line(mut cmd: Command) -> (std::process::Child, String) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    (child, line)
-}
+use common::mux::{Muxed, a_killed_exec_leaves_every_byte, first_line};
+use common::{code, eventually, run, run_with_stdin, signal, text};
 
 fn mode_of(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
@@ -102,7 +21,7 @@ fn mode_of(p: &Path) -> u32 {
 
 #[test]
 fn exec_through_the_mux_is_a_direct_exec() {
-    let Some(m) = Muxed::new("mux-exec") else {
+    let Some(m) = Muxed::new("docker", "mux-exec") else {
         return;
     };
     let id = m.sb.start(&[]);
@@ -180,7 +99,7 @@ fn exec_through_the_mux_is_a_direct_exec() {
 
 #[test]
 fn a_private_directory_of_another_shape_is_not_used() {
-    let Some(m) = Muxed::new("mux-dir") else {
+    let Some(m) = Muxed::new("docker", "mux-dir") else {
         return;
     };
     let id = m.sb.start(&[]);
@@ -211,7 +130,7 @@ fn a_private_directory_of_another_shape_is_not_used() {
 
 #[test]
 fn an_idle_mux_exits_and_an_interrupt_through_it_kills_the_command() {
-    let Some(m) = Muxed::new("mux-idle") else {
+    let Some(m) = Muxed::new("docker", "mux-idle") else {
         return;
     };
     let id = m.sb.start(&[]);
@@ -243,54 +162,16 @@ fn an_idle_mux_exits_and_an_interrupt_through_it_kills_the_command() {
     m.sb.assert_nothing_left();
 }
 
-/// The one exec of the run whose command line is `argv0`.
-fn exec_id_of(m: &Muxed, run_id: &str, script: &str) -> Option<(u64, bool)> {
-    let out = run(m.cmd("off", &["ps", "--json", run_id]));
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    rows.as_array()?
-        .iter()
-        .find(|r| {
-            r["argv"]
-                .as_array()
-                .is_some_and(|a| a.iter().any(|x| x == script))
-        })
-        .map(|r| (r["id"].as_u64().unwrap(), r["running"] == true))
-}
-
 #[test]
 fn a_killed_exec_leaves_its_command_to_logs_with_every_byte() {
-    let Some(m) = Muxed::new("mux-sigkill") else {
-        return;
-    };
-    let id = m.sb.start(&[]);
-    let expected: String = (1..=40).map(|i| format!("{i}\n")).collect();
-    for mode in ["require", "off"] {
-        let script = format!("for i in $(seq 1 40); do echo $i; sleep 0.1; done # {mode}");
-        let (mut child, line) = first_line(m.exec(mode, &id, &[], &["sh", "-c", &script]));
-        assert_eq!(line, "1\n");
-        signal(child.id(), "KILL");
-        child.wait().unwrap();
-        // It runs on; another process reads all of it from 0 and gets its status.
-        let (exec, running) = exec_id_of(&m, &id, &script).expect("ps lists the command");
-        assert!(running, "{mode}: the command did not outlive its client");
-        let out = run(m.cmd(
-            "off",
-            &["logs", "-f", "--from", "0", &id, &exec.to_string()],
-        ));
-        assert_eq!(
-            (code(&out), text(&out.stdout)),
-            (0, expected.clone()),
-            "{mode}: {}",
-            text(&out.stderr)
-        );
+    if let Some(m) = Muxed::new("docker", "mux-sigkill") {
+        a_killed_exec_leaves_every_byte(&m);
     }
-    run(m.cmd("off", &["stop", &id]));
-    m.sb.assert_nothing_left();
 }
 
 #[test]
 fn a_mux_whose_run_was_removed_behind_its_back_exits() {
-    let Some(m) = Muxed::new("mux-removed") else {
+    let Some(m) = Muxed::new("docker", "mux-removed") else {
         return;
     };
     let id = m.sb.start(&[]);

@@ -234,3 +234,4 @@ pub fn text(b: &[u8]) -> String {
 pub fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or(-1)
 }
+pub mod mux;
