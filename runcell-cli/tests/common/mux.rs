@@ -121,7 +121,7 @@ pub fn a_killed_exec_leaves_every_byte(m: &Muxed) {
         signal(child.id(), "KILL");
         child.wait().unwrap();
         // It runs on; another process reads all of it from 0 and gets its status.
-        let (exec, running) = exec_id_of(&m, &id, &script).expect("ps lists the command");
+        let (exec, running) = exec_id_of(m, &id, &script).expect("ps lists the command");
         assert!(running, "{mode}: the command did not outlive its client");
         let out = run(m.cmd(
             "off",
