@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use runcell_core::{
-    DriverExt, ErrorKind, ExecSpec, ExitStatus, OutputChunk, ReapReason, Run, RunExt,
+    DriverExt, ErrorKind, ExecPath, ExecSpec, ExitStatus, OutputChunk, ReapReason, Run, RunExt,
 };
 
 use crate::harness::OwnerMode;
@@ -314,7 +314,10 @@ pub const IDLE_SECS_ENV: &str = "RUNCELL_CONFORMANCE_IDLE_SECS";
 
 /// A run left idle (no exec) for a while, longer than a node's idle-stream timeout where
 /// the harness says so, answers its next exec on the same path, with a background
-/// process started before the idle still alive and nothing reported lost.
+/// process started before the idle still alive and nothing reported lost. A command in
+/// flight that says nothing for the whole idle then finishes: with durable execs its
+/// output arrives whole with its exact status; without, whole or `TransportLost`, never a
+/// made-up status.
 pub async fn an_idle_run_answers_at_once_with_its_background_alive(
     cx: &Context,
 ) -> anyhow::Result<()> {
@@ -340,6 +343,14 @@ pub async fn an_idle_run_answers_at_once_with_its_background_alive(
     let before = Instant::now();
     run.exec(ExecSpec::new(["true"])).await?;
     let usual = before.elapsed();
+    let silent = run
+        .exec_stream(ExecSpec::new([
+            "sh",
+            "-c",
+            &format!("echo before; sleep {idle}; echo after; exit 7"),
+        ]))
+        .await?;
+    let silent = tokio::spawn(silent.collect(1 << 16));
     tokio::time::sleep(Duration::from_secs(idle)).await;
     let started = Instant::now();
     let out = run
@@ -368,6 +379,18 @@ pub async fn an_idle_run_answers_at_once_with_its_background_alive(
         "the run changed its exec path over the idle: {path:?} -> {:?}",
         run.exec_path()
     );
+    let out = tokio::time::timeout(Duration::from_secs(60), silent)
+        .await
+        .context("the command silent over the idle never ended")??;
+    let durable = cx.caps.durable_execs && path == ExecPath::Helper;
+    match &out.status {
+        ExitStatus::TransportLost(_) if !durable => {}
+        status => ensure!(
+            *status == ExitStatus::Exited(7) && out.stdout_str() == "before\nafter\n",
+            "a command silent over {idle} s idle ended {status} with {:?} ({path:?})",
+            out.stdout_str()
+        ),
+    }
     run.stop().await?;
     Ok(())
 }
