@@ -142,12 +142,23 @@ impl Context {
         Ok(())
     }
 
-    /// Fails if the backend holds anything labelled with this session.
+    /// Fails if the backend holds anything labelled with this session, or a snapshot this
+    /// process took (removed, then reported).
     pub async fn assert_session_clean(&self) -> anyhow::Result<()> {
         let left = self.driver.list(&self.session_selector()).await?;
+        let me = Some(runcell_core::labels::Owner::current());
+        let mut snapshots = Vec::new();
+        for snapshot in self.driver.snapshots().await? {
+            if snapshot.owner() == me {
+                if let Err(e) = self.driver.remove_snapshot(&snapshot.id).await {
+                    eprintln!("removing a left snapshot {}: {e}", snapshot.id);
+                }
+                snapshots.push(snapshot.id);
+            }
+        }
         ensure!(
-            left.is_empty(),
-            "runs left behind by the session: {:?}",
+            left.is_empty() && snapshots.is_empty(),
+            "runs left behind by the session: {:?}; snapshots: {snapshots:?}",
             left.iter().map(|r| &r.id).collect::<Vec<_>>()
         );
         Ok(())

@@ -69,4 +69,12 @@ impl Driver for PooledDriver {
     fn pooling(&self) -> Option<&dyn PoolProtocol> {
         self.inner.pooling()
     }
+
+    async fn snapshots(&self) -> Result<Vec<runcell_core::Snapshot>> {
+        self.inner.snapshots().await
+    }
+
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        self.inner.remove_snapshot(id).await
+    }
 }

@@ -92,6 +92,9 @@ capabilities! {
     /// process, the run's settings applied after the claim. A pooled run's host workspace
     /// is copied in (and, where cold runs mount it, copied back at stop).
     pool,
+    /// Filesystem snapshots: `Run::snapshot`, `RunSpec::from_snapshot`, `DriverExt::fork`,
+    /// `Driver::snapshots`, `Driver::remove_snapshot`.
+    snapshots,
     /// A claim gives the pooled target the run's own labels, owner and TTL. Without it
     /// they stay those of the pool, so a spec whose `labels` or `ttl` differ from the
     /// pool's does not match it.
@@ -120,6 +123,9 @@ impl Capabilities {
         }
         if let Some(user) = &spec.user {
             self.check_user_name(user)?;
+        }
+        if spec.from_snapshot.is_some() && !self.snapshots {
+            return unsupported("from_snapshot", "snapshots");
         }
         if spec.resources.memory_bytes.is_some() && !self.memory_limit {
             return unsupported("resources.memory_bytes", "memory limits");
@@ -246,6 +252,7 @@ mod tests {
             .attach(true)
             .system_trust_store(true)
             .pool(true)
+            .snapshots(true)
             .pool_relabel(true);
         let text = format!("{caps:?}");
         assert!(

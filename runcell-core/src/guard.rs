@@ -109,6 +109,48 @@ pub trait DriverExt: Driver {
     async fn start_with(&self, spec: &RunSpec, options: CreateOptions) -> Result<RunGuard> {
         Ok(RunGuard::new(self.create_with(spec, options).await?))
     }
+
+    /// Starts `n` runs of `spec` (one from a snapshot: [`RunSpec::from_snapshot`]), up to 8
+    /// at once. All or nothing: if one fails, the others are stopped and its error
+    /// returned.
+    async fn fork(&self, spec: &RunSpec, n: usize) -> Result<Vec<RunGuard>> {
+        use futures::StreamExt;
+        if spec.from_snapshot.is_none() {
+            return Err(crate::Error::invalid_spec(
+                "from_snapshot",
+                "fork starts runs from a snapshot (RunSpec::from_snapshot)",
+            ));
+        }
+        if n == 0 {
+            return Err(crate::Error::invalid_spec(
+                "n",
+                "fork starts at least one run",
+            ));
+        }
+        let mut made = futures::stream::iter(0..n)
+            .map(|_| self.start(spec))
+            .buffer_unordered(8);
+        let (mut runs, mut failed) = (Vec::with_capacity(n), None);
+        while let Some(result) = made.next().await {
+            match result {
+                Ok(run) => runs.push(run),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            None => Ok(runs),
+            Some(e) => {
+                for run in runs {
+                    if let Err(cleanup) = run.stop().await {
+                        tracing::warn!("fork: stopping a run after another failed: {cleanup}");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
 }
 
 impl<T: Driver + ?Sized> DriverExt for T {}

@@ -48,6 +48,7 @@ pub mod raw;
 mod reap;
 mod registry;
 mod run;
+mod snapshot;
 mod spec;
 mod warm;
 
@@ -70,6 +71,14 @@ pub use registry::{
     ConnectFn, DriverConfig, DriverFactory, RESERVED_DRIVER_NAMES, connect, driver_names, drivers,
 };
 pub use run::{Driver, PoolProtocol, Run, RunExt};
+pub use snapshot::{Snapshot, SnapshotOptions, check_snapshot_id, new_snapshot_id};
+/// The label keys of snapshots ([`Snapshot`]).
+pub mod snapshot_labels {
+    pub use crate::snapshot::{
+        SNAPSHOT_CREATED, SNAPSHOT_EXPIRES_AT, SNAPSHOT_ID, SNAPSHOT_NAME, SNAPSHOT_OF,
+        SNAPSHOT_OWNER_HOST, SNAPSHOT_OWNER_PID, SNAPSHOT_OWNER_START, SNAPSHOT_WORKSPACE,
+    };
+}
 pub use spec::{
     DEFAULT_GRACE, DEFAULT_OUTPUT_BUFFER, DEFAULT_WORKSPACE_PATH, ExecSpec, MAX_GRACE,
     MAX_OUTPUT_BUFFER, MIN_DISK_BYTES, MIN_MEMORY_BYTES, MIN_OUTPUT_BUFFER, Network, Proxy,

@@ -664,6 +664,7 @@ fn shape_of(spec: &RunSpec) -> RunSpec {
         security: spec.security.clone(),
         ttl: spec.ttl,
         exec_helper: spec.exec_helper.effective(),
+        from_snapshot: spec.from_snapshot.clone(),
         ..RunSpec::default()
     }
 }
@@ -676,6 +677,13 @@ fn mismatch(shape: &RunSpec, spec: &RunSpec, relabel: bool) -> Option<(&'static 
         (a != b).then(|| (field, format!("the pool has {a}, the spec {b}")))
     };
     differs("image", shape.image.clone(), theirs.image.clone())
+        .or_else(|| {
+            differs(
+                "from_snapshot",
+                format!("{:?}", shape.from_snapshot),
+                format!("{:?}", theirs.from_snapshot),
+            )
+        })
         .or_else(|| {
             differs(
                 "pull",

@@ -309,6 +309,37 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
     /// A tar stream of `path` in target `id` ([`ErrorKind::NotFound`] if missing).
     async fn get_tar(&self, id: &str, path: &str) -> Result<ByteStream>;
 
+    /// Saves target `id`'s filesystem state as a snapshot with `labels` and
+    /// [`crate::snapshot_labels::SNAPSHOT_WORKSPACE`] (see [`crate::Snapshot`]: what the
+    /// run's code changed, never what the library put there for the run). Default:
+    /// unsupported.
+    async fn snapshot_target(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<crate::Snapshot> {
+        let _ = (id, labels);
+        Err(Error::unsupported(
+            "snapshot",
+            "this driver has no snapshots",
+        ))
+    }
+
+    /// Every snapshot of this backend. Default: none.
+    async fn list_snapshots(&self) -> Result<Vec<crate::Snapshot>> {
+        Ok(Vec::new())
+    }
+
+    /// Removes snapshot `id` (checked); one that does not exist is success. Default:
+    /// unsupported.
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        let _ = id;
+        Err(Error::unsupported(
+            "snapshot",
+            "this driver has no snapshots",
+        ))
+    }
+
     /// Sets up what needs the running target, after core's liveness check and before the
     /// post-create commands (e.g. CA files assembled by a script, a workspace seeded by
     /// tar). Default: nothing.
@@ -467,6 +498,25 @@ pub trait Layer: Clone + Send + Sync + fmt::Debug + 'static {
         self.inner().list_targets(selector).await
     }
 
+    /// [`Backend::snapshot_target`]; default: the inner backend's.
+    async fn snapshot_target(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<crate::Snapshot> {
+        self.inner().snapshot_target(id, labels).await
+    }
+
+    /// [`Backend::list_snapshots`]; default: the inner backend's.
+    async fn list_snapshots(&self) -> Result<Vec<crate::Snapshot>> {
+        self.inner().list_snapshots().await
+    }
+
+    /// [`Backend::remove_snapshot`]; default: the inner backend's.
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        self.inner().remove_snapshot(id).await
+    }
+
     /// [`Backend::remove_target`]; default: the inner backend's.
     async fn remove_target(&self, id: &str) -> Result<()> {
         self.inner().remove_target(id).await
@@ -555,6 +605,22 @@ impl<L: Layer> Backend for L {
 
     async fn remove_target(&self, id: &str) -> Result<()> {
         Layer::remove_target(self, id).await
+    }
+
+    async fn snapshot_target(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<crate::Snapshot> {
+        Layer::snapshot_target(self, id, labels).await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<crate::Snapshot>> {
+        Layer::list_snapshots(self).await
+    }
+
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        Layer::remove_snapshot(self, id).await
     }
 
     async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {

@@ -42,8 +42,10 @@ impl ReapReason {
 }
 
 /// Removes the managed runs matching `selector` (empty: all) that nobody can use any more:
-/// expired, owned by a dead process of this host, or no longer running. Returns what it
-/// removed and why. Runs of live owners and of other hosts are left alone until they expire.
+/// expired, owned by a dead process of this host, or no longer running; then the
+/// snapshots ([`crate::Snapshot`], whatever `selector`) that are expired or whose owner is
+/// gone on this host. Returns what it removed and why (a snapshot by its `snap-` id).
+/// Runs and snapshots of live owners and of other hosts are left alone until they expire.
 /// A run that cannot be removed is logged and skipped; reap fails only when it removed
 /// nothing and at least one removal failed.
 pub async fn reap(
@@ -73,6 +75,26 @@ pub async fn reap(
             }
             Err(e) => {
                 tracing::error!(run = %run.id, "could not reap: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    for snapshot in driver.snapshots().await? {
+        if !snapshot.reapable(now) {
+            continue;
+        }
+        let reason = if snapshot.owner().and_then(|o| o.is_alive()) == Some(false) {
+            ReapReason::OwnerGone
+        } else {
+            ReapReason::Expired
+        };
+        match driver.remove_snapshot(&snapshot.id).await {
+            Ok(()) => {
+                tracing::info!(snapshot = %snapshot.id, ?reason, "reaped");
+                reaped.push((snapshot.id, reason));
+            }
+            Err(e) => {
+                tracing::error!(snapshot = %snapshot.id, "could not reap: {e}");
                 first_error.get_or_insert(e);
             }
         }

@@ -52,6 +52,22 @@ pub trait Driver: Send + Sync + fmt::Debug + 'static {
     fn pooling(&self) -> Option<&dyn PoolProtocol> {
         None
     }
+
+    /// The snapshots of this driver ([`Run::snapshot`]); none where it has no snapshots.
+    async fn snapshots(&self) -> Result<Vec<crate::Snapshot>> {
+        Ok(Vec::new())
+    }
+
+    /// Removes snapshot `id` and what was made for it (its image, where no run uses it
+    /// any more: the engine keeps an image a live run started from until that run is
+    /// gone). Removing a snapshot that does not exist succeeds.
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        crate::snapshot::check_snapshot_id(id)?;
+        Err(Error::unsupported(
+            "snapshot",
+            "this driver has no snapshots",
+        ))
+    }
 }
 
 /// The warm-pool protocol of a driver ([`Driver::pooling`]): what [`crate::Pool`] uses,
@@ -107,6 +123,19 @@ pub trait Run: Send + Sync + fmt::Debug {
         Err(Error::unsupported(
             "execs",
             "exec records (needs the exec helper)",
+        ))
+    }
+
+    /// Saves the run's filesystem state (what its commands changed in the target's own
+    /// filesystem, and the workspace) as a [`crate::Snapshot`] that runs can start from
+    /// ([`crate::RunSpec::from_snapshot`]). The run keeps running, never frozen; see the
+    /// driver for the consistency it gives (Docker: a file replaced whole during the
+    /// snapshot is in it whole, before or after; one written in place may be torn).
+    async fn snapshot(&self, options: crate::SnapshotOptions) -> Result<crate::Snapshot> {
+        let _ = options;
+        Err(Error::unsupported(
+            "snapshot",
+            "this driver has no snapshots",
         ))
     }
 

@@ -16,6 +16,9 @@ impl DockerDriver {
     /// name, or the name written out in full once pulled — never an image found by prefix.
     pub(crate) async fn ensure_image(&self, plan: &Plan<'_>) -> Result<String> {
         let (image, policy) = (plan.spec.image.as_str(), plan.spec.pull);
+        if let Some(snapshot) = &plan.spec.from_snapshot {
+            self.check_snapshot_image(snapshot, image).await?;
+        }
         let hex_name = runcell_core::could_be_id_prefix(image);
         let present = match self.docker.inspect_image(image).await {
             // An engine answers a hex name with the image whose ID begins with it when

@@ -52,6 +52,7 @@ mod files;
 mod hostdir;
 mod image;
 mod pool;
+mod snapshot;
 #[cfg(feature = "ssh")]
 mod ssh;
 
@@ -119,6 +120,7 @@ impl DockerDriver {
             .attach(true)
             .system_trust_store(true)
             .pool(true)
+            .snapshots(!self.podman)
     }
 }
 
@@ -167,6 +169,22 @@ impl Backend for DockerDriver {
         })
         .await?;
         self.set_up(&plan.id, plan).await
+    }
+
+    async fn snapshot_target(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<runcell_core::Snapshot> {
+        self.snapshot_container(id, labels).await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<runcell_core::Snapshot>> {
+        self.list_snapshot_images().await
+    }
+
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        self.remove_snapshot_image(id).await
     }
 
     async fn attach_target(&self, id: &str) -> Result<()> {

@@ -20,6 +20,7 @@ mod lifecycle;
 mod pool;
 mod races;
 mod robustness;
+mod snapshots;
 mod terminal;
 mod transfers;
 mod workspace;
@@ -40,6 +41,7 @@ pub use lifecycle::*;
 pub use pool::*;
 pub use races::*;
 pub use robustness::*;
+pub use snapshots::*;
 pub use terminal::*;
 pub use transfers::*;
 pub use workspace::*;
@@ -63,6 +65,10 @@ fn files(c: &Capabilities) -> bool {
 
 fn pool(c: &Capabilities) -> bool {
     c.pool
+}
+
+fn snapshots(c: &Capabilities) -> bool {
+    c.snapshots
 }
 
 /// Every case, with the capabilities it needs.
@@ -194,6 +200,14 @@ pub static CASES: &[Case] = &[
         files
     ),
     case!(one_execs_kill_never_reaches_another_execs_processes, files),
+    case!(
+        a_snapshot_starts_runs_with_its_files_and_nothing_else,
+        snapshots
+    ),
+    case!(a_snapshot_of_files_being_written_has_each_whole, snapshots),
+    case!(what_is_not_a_snapshot_is_refused, snapshots),
+    case!(snapshots_are_unsupported_where_there_are_none, |c| !c
+        .snapshots),
 ];
 
 #[cfg(test)]

@@ -121,6 +121,15 @@ impl<B: Backend> Driver for B {
     fn pooling(&self) -> Option<&dyn PoolProtocol> {
         self.supports().pool.then_some(self as &dyn PoolProtocol)
     }
+
+    async fn snapshots(&self) -> Result<Vec<crate::Snapshot>> {
+        self.list_snapshots().await
+    }
+
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        crate::snapshot::check_snapshot_id(id)?;
+        Backend::remove_snapshot(self, id).await
+    }
 }
 
 #[async_trait]

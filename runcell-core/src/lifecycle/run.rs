@@ -418,6 +418,20 @@ impl<B: Backend> Run for CoreRun<B> {
         Ok(list.into_iter().filter_map(ExecInfo::from_wire).collect())
     }
 
+    async fn snapshot(&self, options: crate::SnapshotOptions) -> Result<crate::Snapshot> {
+        options.validate()?;
+        if !self.backend.supports().snapshots {
+            return Err(Error::unsupported(
+                "snapshot",
+                "this driver has no snapshots",
+            ));
+        }
+        let id = crate::snapshot::new_snapshot_id();
+        let labels = options.labels(&id, &self.id);
+        let span = tracing::debug_span!("snapshot", run = %self.id, snapshot = %id);
+        tracing::Instrument::instrument(self.backend.snapshot_target(&self.id, &labels), span).await
+    }
+
     async fn reattach(&self, id: ExecId, from: u64) -> Result<ExecStream> {
         let session = self.durable_session("exec_id").await?;
         let Some((attached, events)) = session

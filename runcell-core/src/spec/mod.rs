@@ -72,9 +72,24 @@ pub struct RunSpec {
     pub ttl: Option<Duration>,
     /// Whether execs go through the in-sandbox helper (default: where it can run).
     pub exec_helper: ExecHelper,
+    /// The snapshot this run starts from ([`RunSpec::from_snapshot`]): its filesystem and
+    /// workspace are the snapshot's; everything else comes from this spec.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
 }
 
 impl RunSpec {
+    /// A spec for a run whose filesystem and workspace are `snapshot`'s (its image, by
+    /// ID, never pulled; the workspace at the snapshot's path). Env, proxy, CA, user,
+    /// limits and the rest come from the spec as built on from here, never from the run
+    /// the snapshot was taken of. A host workspace directory is refused with it.
+    pub fn from_snapshot(snapshot: &crate::Snapshot) -> Self {
+        let mut spec = RunSpec::new(snapshot.image.clone()).pull(PullPolicy::Never);
+        spec.workspace.path = snapshot.workspace_path.clone();
+        spec.from_snapshot = Some(snapshot.id.clone());
+        spec
+    }
+
     /// A spec with `image` and every other field at its default.
     pub fn new(image: impl Into<String>) -> Self {
         RunSpec {
@@ -271,6 +286,21 @@ impl RunSpec {
             validate_user(user)?;
         }
         validate_labels(&self.labels)?;
+        if let Some(id) = &self.from_snapshot {
+            crate::snapshot::check_snapshot_id(id).map_err(|e| e.with_field("from_snapshot"))?;
+            if self.workspace.host_dir.is_some() {
+                return Err(Error::invalid_spec(
+                    "workspace.host_dir",
+                    "a run from a snapshot has the snapshot's workspace: give no host directory",
+                ));
+            }
+            if self.pull != PullPolicy::Never {
+                return Err(Error::invalid_spec(
+                    "pull",
+                    "a snapshot's image is never pulled (RunSpec::from_snapshot sets Never)",
+                ));
+            }
+        }
         self.resources.validate()?;
         self.security.validate()?;
         if self.ttl == Some(Duration::ZERO) {
@@ -324,6 +354,7 @@ impl fmt::Debug for RunSpec {
             .field("security", &self.security)
             .field("ttl", &self.ttl)
             .field("exec_helper", &self.exec_helper)
+            .field("from_snapshot", &self.from_snapshot)
             .finish()
     }
 }
