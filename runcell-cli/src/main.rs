@@ -13,6 +13,7 @@ mod exec;
 mod execs;
 mod mux;
 mod progress;
+mod snapshots;
 mod spec;
 mod tty;
 mod units;
@@ -162,6 +163,33 @@ enum Command {
         src: String,
         /// A host path or RUN:/path.
         dst: String,
+    },
+    /// Save a run's filesystem and workspace as a snapshot (its env, proxy, CA and labels
+    /// are not in it) and print its id. The run keeps running. It has a TTL (default 7d)
+    /// after which `sandbox gc` removes it.
+    Snapshot(snapshots::SnapshotArgs),
+    /// List snapshots: ID, NAME, SOURCE (the run), SIZE, CREATED, EXPIRES.
+    Snapshots {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start N runs from a snapshot at once (all or none) and print their ids, as
+    /// `sandbox start --from-snapshot SNAPSHOT` would each.
+    Fork {
+        /// The snapshot id.
+        snapshot: String,
+        /// How many runs.
+        #[arg(short = 'n', long, default_value_t = 2)]
+        count: usize,
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Remove snapshots (refused while a run started from one still exists).
+    RmSnapshot {
+        /// Snapshot ids.
+        #[arg(required = true, value_name = "SNAPSHOT")]
+        snapshots: Vec<String>,
     },
     /// List the registered drivers.
     Drivers,
@@ -432,10 +460,35 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             }
             Ok(0)
         }
-        Command::Start { spec } => {
-            // The spec first: a bad one is reported before anything is contacted.
-            let (spec, source) = spec::build(spec, Some(START_DEFAULT_TTL))?;
+        Command::Snapshot(args) => snapshots::snapshot(&*connect(g).await?, args, g.quiet).await,
+        Command::Snapshots { json } => snapshots::list(&*connect(g).await?, *json).await,
+        Command::RmSnapshot { snapshots } => {
+            snapshots::remove(&*connect(g).await?, snapshots).await
+        }
+        Command::Fork {
+            snapshot,
+            count,
+            spec,
+        } => {
+            if spec.from_snapshot.is_some() {
+                return Err(Failure::usage("fork takes the snapshot as its argument"));
+            }
+            let mut args = spec.clone();
+            args.from_snapshot = Some(snapshot.clone());
+            let (spec, source) = spec::build(&args, Some(START_DEFAULT_TTL))?;
             let driver = connect(g).await?;
+            let spec = snapshots::resolve(&*driver, spec, &args)
+                .await
+                .map_err(|e| placed(e, &source))?;
+            snapshots::fork(&*driver, &spec, *count, g.quiet).await
+        }
+        Command::Start { spec: args } => {
+            // The spec first: a bad one is reported before anything is contacted.
+            let (spec, source) = spec::build(args, Some(START_DEFAULT_TTL))?;
+            let driver = connect(g).await?;
+            let spec = snapshots::resolve(&*driver, spec, args)
+                .await
+                .map_err(|e| placed(e, &source))?;
             let view = progress::View::new(g.quiet);
             let created = create(&*driver, spec, view.options().detached(true)).await?;
             view.finish();
@@ -526,9 +579,15 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
             start_mux(g, run_id);
             code
         }
-        Command::Run { spec, exec: args } => {
-            let (spec, source) = spec::build(spec, None)?;
+        Command::Run {
+            spec: spec_args,
+            exec: args,
+        } => {
+            let (spec, source) = spec::build(spec_args, None)?;
             let driver = connect(g).await?;
+            let spec = snapshots::resolve(&*driver, spec, spec_args)
+                .await
+                .map_err(|e| placed(e, &source))?;
             let view = progress::View::new(g.quiet);
             let created = create(&*driver, spec, view.options()).await?;
             view.finish();

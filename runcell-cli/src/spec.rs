@@ -38,6 +38,10 @@ pub struct SpecArgs {
     /// The image; its ENTRYPOINT and CMD never run.
     #[arg(long)]
     pub image: Option<String>,
+    /// Start from a snapshot (`sandbox snapshot`): its filesystem and workspace; the rest
+    /// (env, proxy, CA, user, limits, ...) from this command line and --spec.
+    #[arg(long, value_name = "SNAPSHOT", conflicts_with_all = ["image", "pull", "workspace", "workspace_path"])]
+    pub from_snapshot: Option<String>,
     /// When to pull the image.
     #[arg(long, value_name = "POLICY", value_parser = ["always", "if-not-present", "never"])]
     pub pull: Option<String>,
@@ -147,7 +151,7 @@ pub fn build(
     };
     let ttl_from_file = spec.ttl.is_some();
     apply_flags(&mut spec, args)?;
-    if spec.image.is_empty() {
+    if spec.image.is_empty() && args.from_snapshot.is_none() {
         return Err(Failure::usage(
             "no image: give --image IMAGE (or `image` in the --spec file)",
         ));
