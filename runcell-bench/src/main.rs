@@ -341,6 +341,68 @@ async fn reattaches(
     Ok(())
 }
 
+/// Snapshots, beside cold starts: a snapshot of a run with 50 MiB changed (half in the
+/// image's filesystem, half in the workspace), a start from it, and a fork of 8.
+async fn snapshots(driver: &Arc<dyn Driver>, name: &str, spec: &RunSpec, rounds: usize) -> Res<()> {
+    if !driver.capabilities().snapshots {
+        return Ok(());
+    }
+    let rounds = rounds.clamp(3, 5);
+    println!(
+        "== {name}: snapshots (50 MiB changed), {rounds} rounds, interleaved with cold starts"
+    );
+    let (mut snaps, mut froms, mut colds, mut forks) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let source = driver.create(spec).await?;
+        sh(
+            &*source,
+            "head -c 26214400 /dev/urandom > /usr/local/blob && head -c 26214400 /dev/urandom > blob",
+        )
+        .await?;
+        let t = Instant::now();
+        let snapshot = source
+            .snapshot(runcell_core::SnapshotOptions::default())
+            .await?;
+        snaps.push(t.elapsed());
+        let mut from = RunSpec::from_snapshot(&snapshot);
+        from.labels = spec.labels.clone();
+        from.network = spec.network;
+        let t = Instant::now();
+        let run = driver.create(&from).await?;
+        call(&*run).await?;
+        froms.push(t.elapsed());
+        run.stop().await?;
+        let t = Instant::now();
+        let run = driver.create(spec).await?;
+        call(&*run).await?;
+        colds.push(t.elapsed());
+        run.stop().await?;
+        let t = Instant::now();
+        let runs = runcell_core::DriverExt::fork(&**driver, &from, 8).await?;
+        for run in &runs {
+            call(&**run).await?;
+        }
+        forks.push(t.elapsed());
+        for run in runs {
+            run.stop().await?;
+        }
+        source.stop().await?;
+        driver.remove_snapshot(&snapshot.id).await?;
+    }
+    let (s, f, c, k) = (median(snaps), median(froms), median(colds), median(forks));
+    println!("snapshot (50 MiB changed)   p50 {:8.1} ms", ms(s));
+    println!("start from the snapshot     p50 {:8.1} ms", ms(f));
+    println!("cold start                  p50 {:8.1} ms", ms(c));
+    println!("fork of 8 (all answered)    p50 {:8.1} ms", ms(k));
+    println!(
+        "from snapshot/cold {:5.2}x (goal <= 1.5); fork of 8/one start from it {:5.2}x (goal <= 3)",
+        ms(f) / ms(c),
+        ms(k) / ms(f)
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Res<()> {
     // `RUST_LOG=runcell_core=debug` shows what the library does (and each span's time).
@@ -472,6 +534,8 @@ async fn main() -> Res<()> {
     reattaches(&driver, &name, &helper_spec, rounds).await?;
     helper.stop().await?;
     plain.stop().await?;
+
+    snapshots(&driver, &name, &spec, rounds).await?;
 
     let starts = rounds.min(10);
     println!("== {name}: run start → first exec answered, {starts} rounds, interleaved");

@@ -209,7 +209,28 @@ pub fn assert_no_leftovers(session: &str, host: Option<&str>) -> Result<()> {
             ids.join(" ")
         );
     }
+    // A snapshot's commit carries the source container's labels: one left over is an
+    // image of this session (a snapshot itself is checked by the suite's owner check).
+    let mut images = Command::new("docker");
+    if let Some(host) = host {
+        images.args(["-H", host]);
+    }
+    let out = images
+        .args([
+            "images",
+            "-aq",
+            "--filter",
+            &format!("label={SESSION_LABEL}={session}"),
+        ])
+        .output()?;
+    let ids = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && !ids.trim().is_empty() {
+        bail!(
+            "the tests left images of session {session} behind (a snapshot's commit?): {}",
+            ids.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
     let engine = host.unwrap_or("the Docker engine");
-    eprintln!("no container of session {session} is left on {engine}");
+    eprintln!("no container or image of session {session} is left on {engine}");
     Ok(())
 }
