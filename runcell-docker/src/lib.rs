@@ -176,7 +176,24 @@ impl Backend for DockerDriver {
         id: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<runcell_core::Snapshot> {
-        self.snapshot_container(id, labels).await
+        // In a task of its own: a caller that gives up (a dropped future) cannot stop it
+        // between the commit and its removal; what it made for nobody is removed.
+        let (this, id, labels) = (self.clone(), id.to_string(), labels.clone());
+        let (answer, wait) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let made = this.snapshot_container(&id, &labels).await;
+            if let Err(Ok(snapshot)) = answer.send(made)
+                && let Err(e) = this.remove_snapshot_image(&snapshot.id).await
+            {
+                tracing::warn!(snapshot = %snapshot.id, "removing a snapshot nobody waits for: {e}");
+            }
+        });
+        wait.await.map_err(|_| {
+            runcell_core::Error::new(
+                runcell_core::ErrorKind::Backend,
+                "the snapshot ended without an answer",
+            )
+        })?
     }
 
     async fn list_snapshots(&self) -> Result<Vec<runcell_core::Snapshot>> {

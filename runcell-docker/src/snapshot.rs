@@ -33,18 +33,18 @@ use sha2::{Digest, Sha256};
 use crate::DockerDriver;
 use crate::error;
 
-/// The repository snapshot images are tagged in (`runcell-snapshot:<id>`), so that an
-/// image prune never takes one.
+/// The repository snapshot images are tagged in (`runcell-snapshot:<id>`), so that a
+/// prune of dangling images never takes one (`docker image prune -a` does, when no run
+/// uses it).
 const REPOSITORY: &str = "runcell-snapshot";
 /// Labels with the base image and the size (Docker labels take any value).
 const BASE_LABEL: &str = "sandbox.dev/snapshot-base";
 const SIZE_LABEL: &str = "sandbox.dev/snapshot-size";
-
-/// The whiteouts and files of the layer that take back what the library installed.
-const CA_WHITEOUTS: [&str; 2] = [
-    "etc/.wh.sandbox",
-    "usr/local/share/ca-certificates/.wh.sandbox-ca.crt",
-];
+/// The timeout of the requests that move the changes.
+const SLOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+/// The most the workspace's directory may hold (as the archive API sends it: a sparse
+/// file counts whole): past it the snapshot is refused, not spooled to the host's disk.
+pub const MAX_WORKSPACE_BYTES: u64 = 8 << 30;
 
 fn backend(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::Backend, what)
@@ -105,6 +105,9 @@ impl DockerDriver {
             ));
         }
         let docker = &self.docker;
+        // The commit, the workspace's read and the load take as long as the changes are
+        // big: not the client's per-request timeout.
+        let slow = self.docker.clone().with_timeout(SLOW);
         let inspect = docker
             .inspect_container(id, None)
             .await
@@ -137,7 +140,7 @@ impl DockerDriver {
             .container(id)
             .pause(false)
             .build();
-        let committed = docker
+        let committed = slow
             .commit_container(options, bollard::models::ContainerConfig::default())
             .await
             .map_err(|e| error::map("commit container", e).with("run", id))?
@@ -169,32 +172,23 @@ impl DockerDriver {
             .cloned()
             .ok_or_else(|| backend("snapshot labels without an id"))?;
         let tag = format!("{REPOSITORY}:{snapshot_id}");
-        let archive = tokio::task::spawn_blocking({
-            let base_config = base.config.clone().unwrap_or_default();
-            let (os, arch) = (base.os.clone(), base.architecture.clone());
-            let all_labels = all_labels.clone();
-            let tag = tag.clone();
-            move || {
-                let (layer_file, digest) = layer;
-                diff_ids.push(digest);
-                save_archive(
-                    layer_file,
-                    base_config,
-                    os,
-                    arch,
-                    diff_ids,
-                    &all_labels,
-                    &tag,
-                )
-            }
-        })
-        .await
-        .map_err(|e| backend(format!("snapshot: building the image archive: {e}")))??;
+        let ((layer_file, digest), layer_len) = (layer, layer_bytes);
+        diff_ids.push(digest);
+        let (head, tail) = save_archive(
+            layer_len,
+            base.config.clone().unwrap_or_default(),
+            base.os.clone(),
+            base.architecture.clone(),
+            committed_inspect.created.clone(),
+            diff_ids,
+            &all_labels,
+            &tag,
+        )?;
         let loaded = ImageGuard {
             docker: docker.clone(),
             image: Some(tag.clone()),
         };
-        self.load(archive).await?;
+        self.load((head, layer_file, tail)).await?;
         let image = docker
             .inspect_image(&tag)
             .await
@@ -209,8 +203,8 @@ impl DockerDriver {
         Ok(snapshot)
     }
 
-    /// The workspace (and the CA files taken back out) as one layer: a temporary file
-    /// and its digest (`sha256:...`), and its size.
+    /// The workspace (and the CA files the library installed taken back out) as one
+    /// layer: a temporary file, its digest (`sha256:...`) and its size.
     async fn read_layer(
         &self,
         id: &str,
@@ -223,15 +217,27 @@ impl DockerDriver {
             .unwrap_or_default()
             .to_string();
         // The archive of the workspace's top-level directory, whose entries are named from
-        // the root (`workspace/...`); only the workspace is kept from it.
-        let raw = crate::files::get_archive(&self.docker, id, &format!("/{top}")).await?;
+        // the root (`workspace/...`); the workspace and its ancestors are kept from it.
+        let slow = self.docker.clone().with_timeout(SLOW);
+        let raw = crate::files::get_archive(&slow, id, &format!("/{top}")).await?;
         let mut spool = tempfile::tempfile().map_err(io("a temporary file"))?;
         {
             let mut stream = runcell_core::files::checked_tar_stream(raw);
             let mut out =
                 tokio::fs::File::from_std(spool.try_clone().map_err(io("a temporary file"))?);
+            let mut total = 0u64;
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(io("reading the workspace"))?;
+                total += chunk.len() as u64;
+                if total > MAX_WORKSPACE_BYTES {
+                    return Err(Error::unsupported(
+                        "snapshot",
+                        format!(
+                            "/{top} holds more than {} GiB (sparse files count whole): too big for a snapshot",
+                            MAX_WORKSPACE_BYTES >> 30
+                        ),
+                    ));
+                }
                 tokio::io::AsyncWriteExt::write_all(&mut out, &chunk)
                     .await
                     .map_err(io("spooling the workspace"))?;
@@ -240,48 +246,146 @@ impl DockerDriver {
                 .await
                 .map_err(io("spooling the workspace"))?;
         }
-        let injected = self.read_text(id, ca::CA_FILE).await;
-        let mut bundles = Vec::new();
-        if let Some(injected) = &injected {
-            for path in ca::SYSTEM_BUNDLES {
-                if let Some(text) = self.read_text(id, path).await
-                    && let Some(pristine) = text.strip_suffix(injected.as_str())
-                {
-                    bundles.push((
-                        path.trim_start_matches('/').to_string(),
-                        pristine.to_string(),
-                    ));
-                }
-            }
-        }
+        let extra = self.ca_extra(id).await?;
         let prefix = workspace
             .trim_start_matches('/')
             .trim_end_matches('/')
             .to_string();
         tokio::task::spawn_blocking(move || {
             spool.rewind().map_err(io("spooling the workspace"))?;
-            build_layer(spool, &prefix, &bundles)
+            build_layer(spool, &prefix, &extra)
         })
         .await
         .map_err(|e| backend(format!("snapshot: building the layer: {e}")))?
     }
 
-    /// A small regular file's text, `None` if absent or unreadable.
-    async fn read_text(&self, id: &str, path: &str) -> Option<String> {
+    /// The entries that take back what the library installed for the run's CA, each
+    /// after its directories' own entries (as the target has them: a layer's missing
+    /// directory would come out 0755 root). Evidence of what the library wrote: the
+    /// injected file in `/etc/sandbox` (then its two files go) and the
+    /// `update-ca-certificates` source file (written only when the library appended to a
+    /// system bundle: then it goes, and the last copy of each injected certificate comes
+    /// out of the bundle; an image's own copy of the same certificate stays).
+    async fn ca_extra(&self, id: &str) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut dirs_done = std::collections::BTreeSet::new();
+        if self.read_file(id, ca::CA_FILE).await.is_some() {
+            for file in [ca::CA_FILE, ca::BUNDLE_FILE] {
+                self.add_dirs(id, file, &mut dirs_done, &mut out).await?;
+                let (dir, name) = file.rsplit_once('/').unwrap_or(("", file));
+                append_file(
+                    &mut out,
+                    &format!("{}/.wh.{name}", dir.trim_start_matches('/')),
+                    b"",
+                    0o644,
+                )?;
+            }
+        }
+        let Some((_, injected)) = self.read_file(id, ca::SYSTEM_EXTRA_DIR_FILE).await else {
+            return Ok(out);
+        };
+        let (dir, name) = ca::SYSTEM_EXTRA_DIR_FILE
+            .rsplit_once('/')
+            .unwrap_or(("", ""));
+        self.add_dirs(id, ca::SYSTEM_EXTRA_DIR_FILE, &mut dirs_done, &mut out)
+            .await?;
+        append_file(
+            &mut out,
+            &format!("{}/.wh.{name}", dir.trim_start_matches('/')),
+            b"",
+            0o644,
+        )?;
+        for path in ca::SYSTEM_BUNDLES {
+            let Some((mode, text)) = self.read_file(id, path).await else {
+                continue;
+            };
+            let pristine = without_last_copies(&text, &injected);
+            if pristine != text {
+                self.add_dirs(id, path, &mut dirs_done, &mut out).await?;
+                append_file(
+                    &mut out,
+                    path.trim_start_matches('/'),
+                    pristine.as_bytes(),
+                    mode,
+                )?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The entries of `path`'s directories (from `/` down), each once, as the target has
+    /// them: the first header of the archive of each, renamed to its full path.
+    async fn add_dirs(
+        &self,
+        id: &str,
+        path: &str,
+        done: &mut std::collections::BTreeSet<String>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        for i in 1..parts.len() {
+            let dir = parts[..i].join("/");
+            if !done.insert(dir.clone()) {
+                continue;
+            }
+            let stream = crate::files::get_archive(&self.docker, id, &format!("/{dir}")).await?;
+            let mut head = Vec::new();
+            let mut stream = stream;
+            while head.len() < 512 {
+                match stream.next().await {
+                    Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+                    Some(Err(e)) => return Err(io("reading a directory")(e)),
+                    None => break,
+                }
+            }
+            drop(stream);
+            let mut first = [0u8; 512];
+            if head.len() < 512 {
+                return Err(backend(format!("snapshot: no entry for /{dir}")));
+            }
+            first.copy_from_slice(&head[..512]);
+            let found = tar::Header::from_byte_slice(&first);
+            let mode = found.mode().map_err(io("reading a directory"))?;
+            let (uid, gid) = (
+                found.uid().map_err(io("reading a directory"))?,
+                found.gid().map_err(io("reading a directory"))?,
+            );
+            let mtime = found.mtime().unwrap_or(0);
+            append_entry(
+                out,
+                &format!("{dir}/"),
+                b"",
+                mode,
+                (uid, gid, mtime),
+                tar::EntryType::Directory,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A small regular file's mode and text, `None` if absent or unreadable.
+    async fn read_file(&self, id: &str, path: &str) -> Option<(u32, String)> {
         let tar = crate::files::get_archive(&self.docker, id, path)
             .await
             .ok()?;
         let file = runcell_core::files::file_from_tar_stream(tar, path)
             .await
             .ok()?;
-        String::from_utf8(file.read_all(1 << 20, path).await.ok()?).ok()
+        let mode = file.mode();
+        let text = String::from_utf8(file.read_all(1 << 20, path).await.ok()?).ok()?;
+        Some((mode & 0o7777, text))
     }
 
-    async fn load(&self, archive: std::fs::File) -> Result<()> {
-        let file = tokio::fs::File::from_std(archive);
-        let body = tokio_util::io::ReaderStream::new(file);
+    /// Loads the archive `head` + the layer file + `tail` as one stream: the layer is
+    /// never copied again on the host.
+    async fn load(&self, (head, layer, tail): (Vec<u8>, std::fs::File, Vec<u8>)) -> Result<()> {
+        let file = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(layer));
+        let body = futures::stream::iter([Ok(bytes::Bytes::from(head))])
+            .chain(file)
+            .chain(futures::stream::iter([Ok(bytes::Bytes::from(tail))]));
         let options = ImportImageOptionsBuilder::default().quiet(true).build();
-        let mut answers = self.docker.import_image_stream(options, body, None);
+        let slow = self.docker.clone().with_timeout(SLOW);
+        let mut answers = slow.import_image_stream(options, body, None);
         while let Some(answer) = answers.next().await {
             let info = answer.map_err(|e| error::map("load image", e))?;
             if let Some(e) = info.error_detail.and_then(|d| d.message) {
@@ -393,15 +497,16 @@ impl DockerDriver {
     }
 }
 
-/// Where the workspace is: the target of the mount that is neither the helper's nor the
-/// CA files'.
+/// Where the workspace is: the first mount the library asked for (`body.rs`), in the
+/// order the engine keeps (`inspect`'s own list of mounts is in no stable order).
 fn workspace_of(inspect: &bollard::models::ContainerInspectResponse) -> Result<String> {
     inspect
-        .mounts
-        .iter()
-        .flatten()
-        .filter_map(|m| m.destination.clone())
-        .find(|d| d != runcell_core::HELPER_DIR && d != ca::DIR)
+        .host_config
+        .as_ref()
+        .and_then(|h| h.mounts.as_ref())
+        .and_then(|m| m.first())
+        .and_then(|m| m.target.clone())
+        .filter(|t| t != runcell_core::HELPER_DIR && t != ca::DIR)
         .ok_or_else(|| backend("the container has no workspace mount"))
 }
 
@@ -426,14 +531,15 @@ impl<W: Write> Write for Hashing<W> {
 }
 
 /// Copies, byte for byte (with their PAX and GNU long-name records), the entries of `spool`
-/// (a tar named from the root) that are `prefix` or below it; adds an opaque whiteout in
-/// `prefix` (the workspace is exactly what it was, whatever the image had there), the
-/// whiteouts of the library's CA files and the pristine system `bundles`. Returns the
-/// layer, rewound, with its digest and size.
+/// (a tar named from the root) that are `prefix`, below it, or its ancestors (so that the
+/// layer does not make those directories anew); adds an opaque whiteout right after the
+/// workspace's own entry (the workspace is exactly what it was, whatever the image had
+/// there), then `extra`. A workspace file named like a whiteout (`.wh.*`) is refused:
+/// a layer cannot carry it. Returns the layer, rewound, with its digest and size.
 fn build_layer(
     mut spool: std::fs::File,
     prefix: &str,
-    bundles: &[(String, String)],
+    extra: &[u8],
 ) -> Result<((std::fs::File, String), u64)> {
     let wrap = io("building the layer");
     let layer = tempfile::tempfile().map_err(io("a temporary file"))?;
@@ -442,8 +548,9 @@ fn build_layer(
         hash: Sha256::new(),
         len: 0,
     };
-    // Pass 1: which entries to keep, as byte ranges of the spool.
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    // Pass 1: which entries to keep, as byte ranges of the spool, and which is the
+    // workspace's own.
+    let mut ranges: Vec<(u64, u64, bool)> = Vec::new();
     {
         let mut archive =
             tar::Archive::new(std::io::BufReader::new(spool.try_clone().map_err(&wrap)?));
@@ -484,30 +591,39 @@ fn build_layer(
                 .unwrap_or_else(|| entry.header().path_bytes().into_owned());
             let name = String::from_utf8_lossy(&name);
             let name = name.trim_end_matches('/');
-            let keep = name == prefix || name.starts_with(&format!("{prefix}/"));
             let from = pending.take().unwrap_or(start);
-            if keep {
-                ranges.push((from, end));
+            let own = name == prefix;
+            let below = name.starts_with(&format!("{prefix}/"));
+            let ancestor = prefix.starts_with(&format!("{name}/"));
+            if below
+                && name
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|b| b.starts_with(".wh."))
+            {
+                return Err(Error::unsupported(
+                    "snapshot",
+                    format!(
+                        "/{} is named like a layer whiteout (.wh.*): a snapshot cannot carry it",
+                        name.chars().take(200).collect::<String>()
+                    ),
+                ));
+            }
+            if own || below || ancestor {
+                ranges.push((from, end, own));
             }
         }
     }
     // Pass 2: copy the ranges, then our own entries, then the end of the archive.
-    let mut first_dir = true;
-    for (from, to) in ranges {
+    for (from, to, own) in ranges {
         spool.seek(std::io::SeekFrom::Start(from)).map_err(&wrap)?;
         std::io::copy(&mut (&mut spool).take(to - from), &mut out).map_err(&wrap)?;
-        if first_dir {
-            // Right after the workspace's own directory entry.
-            first_dir = false;
+        if own {
             append_file(&mut out, &format!("{prefix}/.wh..wh..opq"), b"", 0o644)?;
         }
     }
-    for whiteout in CA_WHITEOUTS {
-        append_file(&mut out, whiteout, b"", 0o644)?;
-    }
-    for (path, text) in bundles {
-        append_file(&mut out, path, text.as_bytes(), 0o644)?;
-    }
+    drop(spool);
+    out.write_all(extra).map_err(&wrap)?;
     out.write_all(&[0u8; 1024]).map_err(&wrap)?;
     out.flush().map_err(&wrap)?;
     let digest = format!("sha256:{}", hex::encode(out.hash.finalize_reset()));
@@ -518,21 +634,55 @@ fn build_layer(
     Ok(((layer, digest), len))
 }
 
-/// Writes one regular file entry (a GNU long-name record first where the path needs
-/// it) without ending the archive.
+/// `text` (a PEM bundle) without the last copy of each certificate of `injected`.
+fn without_last_copies(text: &str, injected: &str) -> String {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = text.to_string();
+    let mut rest = injected;
+    while let Some(begin) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let Some(end) = rest[begin..].find(END) else {
+            break;
+        };
+        let block = &rest[begin..begin + end + END.len()];
+        if let Some(at) = out.rfind(block) {
+            let mut stop = at + block.len();
+            if out[stop..].starts_with('\n') {
+                stop += 1;
+            }
+            out.replace_range(at..stop, "");
+        }
+        rest = &rest[begin + end + END.len()..];
+    }
+    out
+}
+
+/// Writes one regular file entry owned by root (see [`append_entry`]).
 fn append_file(out: &mut impl Write, path: &str, data: &[u8], mode: u32) -> Result<()> {
+    append_entry(out, path, data, mode, (0, 0, 0), tar::EntryType::Regular)
+}
+
+/// Writes one entry (a GNU long-name record first where the path needs it) without
+/// ending the archive.
+fn append_entry(
+    out: &mut impl Write,
+    path: &str,
+    data: &[u8],
+    mode: u32,
+    (uid, gid, mtime): (u64, u64, u64),
+    kind: tar::EntryType,
+) -> Result<()> {
     let wrap = io("building the layer");
-    let header = |name: &[u8], size: u64, kind: tar::EntryType| -> Result<tar::Header> {
+    let header = |name: &[u8], size: u64, kind: tar::EntryType| -> tar::Header {
         let mut h = tar::Header::new_gnu();
         h.as_old_mut().name[..name.len()].copy_from_slice(name);
         h.set_size(size);
         h.set_mode(mode);
-        h.set_mtime(0);
-        h.set_uid(0);
-        h.set_gid(0);
+        h.set_mtime(mtime);
+        h.set_uid(uid);
+        h.set_gid(gid);
         h.set_entry_type(kind);
         h.set_cksum();
-        Ok(h)
+        h
     };
     let write_data = |out: &mut dyn Write, bytes: &[u8]| -> Result<()> {
         out.write_all(bytes).map_err(&wrap)?;
@@ -547,42 +697,54 @@ fn append_file(out: &mut impl Write, path: &str, data: &[u8], mode: u32) -> Resu
             b"././@LongLink",
             long.len() as u64,
             tar::EntryType::GNULongName,
-        )?;
+        );
         out.write_all(h.as_bytes()).map_err(&wrap)?;
         write_data(out, &long)?;
-        let h = header(&name[..99], data.len() as u64, tar::EntryType::Regular)?;
+        let h = header(&name[..99], data.len() as u64, kind);
         out.write_all(h.as_bytes()).map_err(&wrap)?;
     } else {
-        let h = header(name, data.len() as u64, tar::EntryType::Regular)?;
+        let h = header(name, data.len() as u64, kind);
         out.write_all(h.as_bytes()).map_err(&wrap)?;
     }
     write_data(out, data)
 }
 
-/// A `docker save`-shaped archive (manifest, configuration, the one new layer) whose
-/// configuration is the base image's with the snapshot's labels added.
+/// A `docker save`-shaped archive (the one new layer, the configuration, the manifest),
+/// as the bytes before the layer file and those after it. The configuration is the base
+/// image's with the snapshot's labels added.
+#[allow(clippy::too_many_arguments)]
 fn save_archive(
-    mut layer: std::fs::File,
+    layer_len: u64,
     base: bollard::models::ImageConfig,
     os: Option<String>,
     architecture: Option<String>,
+    created: Option<String>,
     diff_ids: Vec<String>,
     labels: &BTreeMap<String, String>,
     tag: &str,
-) -> Result<std::fs::File> {
-    let wrap = io("building the image archive");
+) -> Result<(Vec<u8>, Vec<u8>)> {
     let mut config = serde_json::to_value(&base)
         .map_err(|e| backend("snapshot: the base image's configuration").with_source(e))?;
-    let mut all: BTreeMap<String, String> = base.labels.unwrap_or_default().into_iter().collect();
+    // The base's labels but the library's own (a snapshot of a run from a snapshot must
+    // not inherit the first one's id, owner or expiry).
+    let mut all: BTreeMap<String, String> = base
+        .labels
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(labels::PREFIX))
+        .collect();
     all.extend(labels.clone());
     config["Labels"] = serde_json::json!(all);
-    let image = serde_json::json!({
+    let mut image = serde_json::json!({
         "architecture": architecture.unwrap_or_else(|| "amd64".into()),
         "os": os.unwrap_or_else(|| "linux".into()),
         "config": config,
         "rootfs": { "type": "layers", "diff_ids": diff_ids },
         "history": [],
     });
+    if let Some(created) = created {
+        image["created"] = serde_json::json!(created);
+    }
     let config_bytes = serde_json::to_vec(&image)
         .map_err(|e| backend("snapshot: the image configuration").with_source(e))?;
     let config_name = format!("{}.json", hex::encode(Sha256::digest(&config_bytes)));
@@ -596,38 +758,22 @@ fn save_archive(
         "Layers": layers,
     }]))
     .map_err(|e| backend("snapshot: the manifest").with_source(e))?;
-    let file = tempfile::tempfile().map_err(io("a temporary file"))?;
-    let mut builder = tar::Builder::new(std::io::BufWriter::new(file.try_clone().map_err(&wrap)?));
-    let len = layer.metadata().map_err(&wrap)?.len();
-    let mut header = tar::Header::new_gnu();
-    header.set_size(len);
-    header.set_mode(0o644);
-    header.set_mtime(0);
-    builder
-        .append_data(
-            &mut header,
-            layers.last().map(String::as_str).unwrap_or("0/layer.tar"),
-            &mut layer,
-        )
-        .map_err(&wrap)?;
-    for (name, data) in [
-        (config_name.as_str(), &config_bytes),
-        ("manifest.json", &manifest),
-    ] {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        builder
-            .append_data(&mut header, name, data.as_slice())
-            .map_err(&wrap)?;
-    }
-    builder
-        .into_inner()
-        .map_err(&wrap)?
-        .flush()
-        .map_err(&wrap)?;
-    let mut file = file;
-    file.rewind().map_err(&wrap)?;
-    Ok(file)
+    let last = layers
+        .last()
+        .cloned()
+        .unwrap_or_else(|| "0/layer.tar".into());
+    let mut head = Vec::new();
+    let mut h = tar::Header::new_gnu();
+    h.as_old_mut().name[..last.len()].copy_from_slice(last.as_bytes());
+    h.set_size(layer_len);
+    h.set_mode(0o644);
+    h.set_mtime(0);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    head.extend_from_slice(h.as_bytes());
+    let mut tail = vec![0u8; ((512 - layer_len % 512) % 512) as usize];
+    append_file(&mut tail, &config_name, &config_bytes, 0o644)?;
+    append_file(&mut tail, "manifest.json", &manifest, 0o644)?;
+    tail.extend_from_slice(&[0u8; 1024]);
+    Ok((head, tail))
 }

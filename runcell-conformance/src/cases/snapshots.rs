@@ -296,3 +296,83 @@ pub async fn snapshots_are_unsupported_where_there_are_none(cx: &Context) -> any
     );
     Ok(())
 }
+
+/// What a run's code may leave, kept as it was: hard links, symbolic links, a fifo, a
+/// setuid bit, a 200-byte name, a nested workspace whose parent is private (0700 stays
+/// 0700); the library's CA comes out of the system bundle even after the run appended to
+/// it. A workspace file named like a layer whiteout is refused (`Unsupported` naming
+/// `snapshot`), and a snapshot given up midway leaves nothing.
+pub async fn a_snapshot_keeps_odd_files_and_refuses_whiteouts(cx: &Context) -> anyhow::Result<()> {
+    let count = "grep -c 'BEGIN CERT' /etc/ssl/certs/ca-certificates.crt 2>/dev/null || echo none";
+    let plain = cx.driver.start(&cx.spec()).await?;
+    let image_count = sh_stdout(&*plain, count).await?;
+    plain.stop().await?;
+    let mut spec = cx.spec().workspace_path("/srv/app");
+    spec.ca_bundle = Some(TEST_CA.to_string());
+    let source = cx.driver.start(&spec).await?;
+    let long = "n".repeat(200);
+    sh_stdout(
+        &*source,
+        &format!(
+            "chmod 700 /srv && mkdir -p d && echo x > d/f && ln d/f hard && ln -s d/f soft \
+             && mkfifo fifo && touch {long} && chmod 4755 d/f \
+             && (test ! -f /etc/ssl/certs/ca-certificates.crt || echo '# local' >> /etc/ssl/certs/ca-certificates.crt)"
+        ),
+    )
+    .await?;
+    let snapshot = source.snapshot(SnapshotOptions::default()).await?;
+    let run = cx.driver.start(&spec_from(cx, &snapshot)).await?;
+    let seen = sh_stdout(
+        &*run,
+        &format!(
+            "stat -c %a /srv; [ $(stat -c %i d/f) = $(stat -c %i hard) ] && echo linked; \
+             readlink soft; test -p fifo && echo fifo; test -e {long} && echo long; \
+             stat -c %a d/f; {count}; pwd"
+        ),
+    )
+    .await?;
+    let expected = format!("700\nlinked\nd/f\nfifo\nlong\n4755\n{image_count}\n/srv/app");
+    ensure!(
+        seen == expected,
+        "a run from the snapshot sees\n{seen}\nnot\n{expected}"
+    );
+    run.stop().await?;
+    cx.driver.remove_snapshot(&snapshot.id).await?;
+
+    sh_stdout(&*source, "touch .wh.zz").await?;
+    match source.snapshot(SnapshotOptions::default()).await {
+        Ok(s) => {
+            cx.driver.remove_snapshot(&s.id).await?;
+            bail!("a workspace file named .wh.zz went into a snapshot");
+        }
+        Err(e) => ensure!(
+            e.kind() == ErrorKind::Unsupported && e.field() == Some("snapshot"),
+            "{e}"
+        ),
+    }
+    sh_stdout(&*source, "rm .wh.zz").await?;
+    for ms in [30, 200] {
+        let given_up = tokio::time::timeout(
+            Duration::from_millis(ms),
+            source.snapshot(SnapshotOptions::default()),
+        )
+        .await;
+        if let Ok(made) = given_up {
+            cx.driver.remove_snapshot(&made?.id).await?;
+        }
+    }
+    // A snapshot given up goes on in the background and removes what it made: after
+    // 20 s (one takes about a second here) none is left.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let left: Vec<String> = cx
+        .driver
+        .snapshots()
+        .await?
+        .into_iter()
+        .filter(|s| s.source_run == source.id())
+        .map(|s| s.id)
+        .collect();
+    ensure!(left.is_empty(), "snapshots given up were left: {left:?}");
+    source.stop().await?;
+    Ok(())
+}
