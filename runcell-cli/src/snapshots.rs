@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use clap::Args;
-use futures::StreamExt;
-use runcell_core::{CreateOptions, Driver, Error, ErrorKind, RunSpec, Snapshot, SnapshotOptions};
+use runcell_core::{
+    CreateOptions, Driver, DriverExt, Error, ErrorKind, RunSpec, Snapshot, SnapshotOptions,
+};
 
 use crate::errors::Failure;
 use crate::spec::SpecArgs;
@@ -99,30 +100,9 @@ pub async fn fork(
         return Err(Failure::usage("-n: between 1 and 1000 runs"));
     }
     let started = std::time::Instant::now();
-    let mut made = futures::stream::iter(0..n)
-        .map(|_| driver.create_with(spec, CreateOptions::default().detached(true)))
-        .buffer_unordered(8);
-    let (mut runs, mut failed) = (Vec::new(), None);
-    while let Some(result) = made.next().await {
-        match result {
-            Ok(run) => runs.push(run),
-            Err(e) => {
-                failed.get_or_insert(e);
-            }
-        }
-    }
-    drop(made);
-    if let Some(e) = failed {
-        for run in runs {
-            if let Err(cleanup) = driver.remove(run.id()).await {
-                eprintln!(
-                    "sandbox: removing {} after another failed: {cleanup}",
-                    run.id()
-                );
-            }
-        }
-        return Err(e.into());
-    }
+    let runs = driver
+        .fork_with(spec, n, CreateOptions::default().detached(true))
+        .await?;
     for run in &runs {
         println!("{}", run.id());
     }

@@ -346,18 +346,8 @@ fn sigint_during_exec_kills_the_command_in_the_run() {
         return;
     };
     let id = sb.start(&[]);
-    let mut child = sb
-        .exec_cmd(&id, &[], &["sh", "-c", "echo started; sleep 1000"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let (mut child, line) =
+        common::mux::first_line(sb.exec_cmd(&id, &[], &["sh", "-c", "echo started; sleep 1000"]));
     assert_eq!(line, "started\n");
     signal(child.id(), "INT");
     assert_eq!(child.wait().unwrap().code(), Some(130));

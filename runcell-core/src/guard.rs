@@ -114,6 +114,18 @@ pub trait DriverExt: Driver {
     /// at once. All or nothing: if one fails, the others are stopped and its error
     /// returned.
     async fn fork(&self, spec: &RunSpec, n: usize) -> Result<Vec<RunGuard>> {
+        let runs = self.fork_with(spec, n, CreateOptions::default()).await?;
+        Ok(runs.into_iter().map(RunGuard::new).collect())
+    }
+
+    /// [`DriverExt::fork`] with options (e.g. detached runs, as the CLI makes), the runs
+    /// unguarded.
+    async fn fork_with(
+        &self,
+        spec: &RunSpec,
+        n: usize,
+        options: CreateOptions,
+    ) -> Result<Vec<Box<dyn crate::Run>>> {
         use futures::StreamExt;
         if spec.from_snapshot.is_none() {
             return Err(crate::Error::invalid_spec(
@@ -128,7 +140,7 @@ pub trait DriverExt: Driver {
             ));
         }
         let mut made = futures::stream::iter(0..n)
-            .map(|_| self.start(spec))
+            .map(|_| self.create_with(spec, options.clone()))
             .buffer_unordered(8);
         let (mut runs, mut failed) = (Vec::with_capacity(n), None);
         while let Some(result) = made.next().await {

@@ -80,13 +80,8 @@ pub async fn reap(
         }
     }
     for snapshot in driver.snapshots().await? {
-        if !snapshot.reapable(now) {
+        let Some(reason) = snapshot.reap_reason(now) else {
             continue;
-        }
-        let reason = if snapshot.owner().and_then(|o| o.is_alive()) == Some(false) {
-            ReapReason::OwnerGone
-        } else {
-            ReapReason::Expired
         };
         match driver.remove_snapshot(&snapshot.id).await {
             Ok(()) => {

@@ -105,15 +105,17 @@ impl Snapshot {
         self.labels.get(SNAPSHOT_NAME).map(String::as_str)
     }
 
-    /// Whether [`crate::reap`] removes it at `now` (seconds since the epoch): expired, or
-    /// its owner is gone on this host.
-    pub fn reapable(&self, now: u64) -> bool {
-        let expired = self
-            .labels
+    /// Why [`crate::reap`] would remove it at `now` (seconds since the epoch): its owner
+    /// is gone on this host, or it expired; `None` if it keeps it.
+    pub fn reap_reason(&self, now: u64) -> Option<crate::ReapReason> {
+        if self.owner().and_then(|o| o.is_alive()) == Some(false) {
+            return Some(crate::ReapReason::OwnerGone);
+        }
+        self.labels
             .get(SNAPSHOT_EXPIRES_AT)
             .and_then(|v| v.parse::<u64>().ok())
-            .is_some_and(|at| at <= now);
-        expired || self.owner().and_then(|o| o.is_alive()) == Some(false)
+            .is_some_and(|at| at <= now)
+            .then_some(crate::ReapReason::Expired)
     }
 }
 
@@ -243,8 +245,11 @@ mod tests {
         let s = Snapshot::from_labels(&labels, "sha256:x".into(), "busybox".into(), 7).unwrap();
         assert_eq!((s.id.as_str(), s.name()), (id.as_str(), Some("prepared")));
         assert_eq!(s.owner(), Some(Owner::current()));
-        assert!(!s.reapable(s.created));
-        assert!(s.reapable(s.created + 61));
+        assert_eq!(s.reap_reason(s.created), None);
+        assert_eq!(
+            s.reap_reason(s.created + 61),
+            Some(crate::ReapReason::Expired)
+        );
         // The run's own owner and expiry keys are never used.
         for k in [labels::OWNER_PID, labels::EXPIRES_AT, labels::RUN_ID] {
             assert!(!labels.contains_key(k), "{k}");

@@ -272,29 +272,15 @@ impl DockerDriver {
         if self.read_file(id, ca::CA_FILE).await.is_some() {
             for file in [ca::CA_FILE, ca::BUNDLE_FILE] {
                 self.add_dirs(id, file, &mut dirs_done, &mut out).await?;
-                let (dir, name) = file.rsplit_once('/').unwrap_or(("", file));
-                append_file(
-                    &mut out,
-                    &format!("{}/.wh.{name}", dir.trim_start_matches('/')),
-                    b"",
-                    0o644,
-                )?;
+                append_whiteout(&mut out, file)?;
             }
         }
         let Some((_, injected)) = self.read_file(id, ca::SYSTEM_EXTRA_DIR_FILE).await else {
             return Ok(out);
         };
-        let (dir, name) = ca::SYSTEM_EXTRA_DIR_FILE
-            .rsplit_once('/')
-            .unwrap_or(("", ""));
         self.add_dirs(id, ca::SYSTEM_EXTRA_DIR_FILE, &mut dirs_done, &mut out)
             .await?;
-        append_file(
-            &mut out,
-            &format!("{}/.wh.{name}", dir.trim_start_matches('/')),
-            b"",
-            0o644,
-        )?;
+        append_whiteout(&mut out, ca::SYSTEM_EXTRA_DIR_FILE)?;
         for path in ca::SYSTEM_BUNDLES {
             let Some((mode, text)) = self.read_file(id, path).await else {
                 continue;
@@ -654,6 +640,17 @@ fn without_last_copies(text: &str, injected: &str) -> String {
         rest = &rest[begin + end + END.len()..];
     }
     out
+}
+
+/// Writes the whiteout of the absolute `path` (`dir/.wh.name`).
+fn append_whiteout(out: &mut impl Write, path: &str) -> Result<()> {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    append_file(
+        out,
+        &format!("{}/.wh.{name}", dir.trim_start_matches('/')),
+        b"",
+        0o644,
+    )
 }
 
 /// Writes one regular file entry owned by root (see [`append_entry`]).
