@@ -471,16 +471,7 @@ fn state(status: Option<&ExitStatus>) -> String {
 
 /// The command as a shell would read it, control characters escaped (one line).
 fn command_line(argv: &[String]) -> String {
-    let joined = shell_words::join(argv);
-    let mut line = String::with_capacity(joined.len());
-    for c in joined.chars() {
-        if c.is_control() {
-            line.extend(c.escape_default());
-        } else {
-            line.push(c);
-        }
-    }
-    line
+    runcell_core::Shown(shell_words::join(argv)).to_string()
 }
 
 /// `text` cut to `width` characters, `...` marking the cut.

@@ -16,6 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::link::Link;
+use crate::procs;
 use crate::proto::{
     Dec, Enc, GONE, INFO_ARG_BYTES, INFO_ARGS, KILL_GRACE_MS, KILLED, MAX_RECORDS, STARTED, Spawn,
     SpawnError,
@@ -711,10 +712,19 @@ impl Helper {
                 let msg = String::from_utf8_lossy(d.bytes().unwrap_or_default()).into_owned();
                 return abandon(kind, msg);
             }
-            Ok(_) => return abandon(SpawnError::Other, "the exec's shepherd failed".into()),
+            // Its shepherd died before it answered (a process of the command, of the
+            // helper's uid, killed it) or never answered: what the command started
+            // may be re-parented to this helper by now.
+            // Those are killed before the error goes out: a spawn error means nothing
+            // of it runs.
+            Ok(_) => {
+                self.after_lost_shepherd(ex.shepherd);
+                return abandon(SpawnError::Other, "the exec's shepherd failed".into());
+            }
             Err(e) => {
                 let msg = format!("the exec's shepherd did not answer: {e}");
-                return abandon(SpawnError::Other, msg);
+                abandon(SpawnError::Other, msg);
+                return self.after_lost_shepherd(ex.shepherd);
             }
         };
         let _ = reader.set_read_timeout(None);
@@ -730,6 +740,38 @@ impl Helper {
         // This thread goes on as the exec's output thread: no new thread is needed once
         // the command runs (it may have filled the pids limit already).
         h.output_thread(ex, pipes, wake_r, reader);
+    }
+
+    /// Once the shepherd `pid` of an exec that is over was reaped (bounded), kills the
+    /// strays it left ([`Helper::kill_strays`]).
+    fn after_lost_shepherd(&self, pid: i32) {
+        let deadline = Instant::now() + KILL_CONFIRM;
+        while lock(&self.reg).shepherds.contains_key(&pid) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        self.kill_strays();
+    }
+
+    /// Kills the helper's strays: processes that descend from it through no live
+    /// shepherd. They are what a shepherd killed from inside the run left (its orphans
+    /// are re-parented to the helper, their subreaper, whatever session or group they
+    /// made, and cannot leave its tree), and their exec is over. The registry stays
+    /// locked while they are found and stopped, so no shepherd starts or is reaped
+    /// meanwhile (a new one is never taken for a stray). A helper that is no subreaper
+    /// (a unit test's) has none.
+    pub(crate) fn kill_strays(&self) {
+        if !sys::is_child_subreaper() {
+            return;
+        }
+        let left = shepherd::kill_all(&mut || {
+            let r = lock(&self.reg);
+            shepherd::strays(&procs::scan(), self.pid, &|pid| {
+                r.shepherds.contains_key(&pid)
+            })
+        });
+        if left > 0 {
+            diag(format_args!("{left} stray processes survived their kill"));
+        }
     }
 
     // ---- reaping and tracking ----------------------------------------------------------

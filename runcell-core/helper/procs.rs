@@ -12,7 +12,6 @@ use crate::proto::DAEMON_ARG;
 pub(crate) struct Proc {
     pub(crate) pid: i32,
     pub(crate) ppid: i32,
-    pub(crate) sid: i32,
     /// Start time, clock ticks since boot (field 22): tells a reused pid apart.
     pub(crate) start: u64,
     pub(crate) zombie: bool,
@@ -27,13 +26,11 @@ fn parse_stat(pid: i32, b: &[u8]) -> Option<Proc> {
     let num =
         |f: Option<&[u8]>| -> Option<i64> { std::str::from_utf8(f?).ok()?.trim().parse().ok() };
     let ppid = num(it.next())? as i32;
-    it.next()?; // pgrp
-    let sid = num(it.next())? as i32;
-    let start = num(it.nth(15))? as u64;
+    // pgrp, session, then 15 more fields to the start time.
+    let start = num(it.nth(17))? as u64;
     Some(Proc {
         pid,
         ppid,
-        sid,
         start,
         zombie: state == b'Z' || state == b'X',
     })
@@ -144,8 +141,8 @@ mod tests {
         ] {
             let p = parse_stat(4242, &line(comm, 'S', 17, 99, 123_456)).expect(comm);
             assert_eq!(
-                (p.pid, p.ppid, p.sid, p.start, p.zombie),
-                (4242, 17, 99, 123_456, false),
+                (p.pid, p.ppid, p.start, p.zombie),
+                (4242, 17, 123_456, false),
                 "comm {comm:?}"
             );
         }
@@ -182,12 +179,6 @@ mod tests {
         assert_eq!(p.pid, me);
         assert_eq!(p.ppid, std::os::unix::process::parent_id() as i32);
         assert!(!p.zombie);
-        // The session as the kernel reports it (0 where its leader is outside
-        // this PID namespace, as under CI's container runner).
-        unsafe extern "C" {
-            safe fn getsid(pid: i32) -> i32;
-        }
-        assert_eq!(p.sid, getsid(0));
         // The start time never changes.
         assert_eq!(read_stat(me, &mut buf).unwrap().start, p.start);
         let all = scan();
@@ -195,10 +186,7 @@ mod tests {
             .iter()
             .find(|q| q.pid == me)
             .expect("this process in /proc");
-        assert_eq!(
-            (found.ppid, found.sid, found.start),
-            (p.ppid, p.sid, p.start)
-        );
+        assert_eq!((found.ppid, found.start), (p.ppid, p.start));
         assert!(all.iter().any(|q| q.pid == p.ppid));
         assert!(read_stat(i32::MAX, &mut buf).is_none());
     }

@@ -171,6 +171,60 @@ pub fn signal_checked(pid: i32, start: u64, sig: i32) -> bool {
     }
 }
 
+/// SIGSTOPs every process `walk` finds, walking again until a walk finds nothing new
+/// (a process forks at most once a round before it is stopped); adds them to `set`.
+pub(crate) fn freeze(walk: &mut dyn FnMut() -> HashMap<i32, u64>, set: &mut HashMap<i32, u64>) {
+    for _ in 0..FREEZE_ROUNDS {
+        let mut new = false;
+        for (pid, start) in walk() {
+            if set.insert(pid, start).is_none() {
+                new = true;
+                signal_checked(pid, start, sys::SIGSTOP);
+            }
+        }
+        if !new {
+            return;
+        }
+    }
+}
+
+/// Freezes and SIGKILLs what `walk` finds until a walk finds nothing, for at most the
+/// kill phase; the number left (0: all gone).
+pub(crate) fn kill_all(walk: &mut dyn FnMut() -> HashMap<i32, u64>) -> usize {
+    let until = Instant::now() + KILL_PHASE;
+    loop {
+        let mut set = HashMap::new();
+        freeze(walk, &mut set);
+        if set.is_empty() {
+            return 0;
+        }
+        for (&pid, &start) in &set {
+            signal_checked(pid, start, sys::SIGKILL);
+        }
+        if Instant::now() >= until {
+            return set.len();
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A helper's strays in `procs`: its descendants that no live shepherd of it leads to
+/// (its children other than the `shepherds`, and all below them). Only the orphans of
+/// a shepherd killed from inside the run are such: re-parented to the helper, their
+/// subreaper, whatever session or group they made.
+pub fn strays(procs: &[Proc], helper: i32, shepherds: &dyn Fn(i32) -> bool) -> HashMap<i32, u64> {
+    let mut found = HashMap::new();
+    for p in procs {
+        if p.ppid == helper && p.pid > 1 && p.pid != helper && !shepherds(p.pid) {
+            if !p.zombie {
+                found.insert(p.pid, p.start);
+            }
+            found.extend(descendants(procs, p.pid));
+        }
+    }
+    found
+}
+
 /// The live (non-zombie) descendants of `root` in `procs`: pid → start time.
 pub fn descendants(procs: &[Proc], root: i32) -> HashMap<i32, u64> {
     let mut children: HashMap<i32, Vec<&Proc>> = HashMap::new();
@@ -487,18 +541,7 @@ impl Shepherd {
     /// SIGSTOPs every descendant, walking again until a walk finds nothing new; adds
     /// them to `set`.
     fn freeze(&self, set: &mut HashMap<i32, u64>) {
-        for _ in 0..FREEZE_ROUNDS {
-            let mut new = false;
-            for (pid, start) in self.tree() {
-                if set.insert(pid, start).is_none() {
-                    new = true;
-                    signal_checked(pid, start, sys::SIGSTOP);
-                }
-            }
-            if !new {
-                return;
-            }
-        }
+        freeze(&mut || self.tree(), set);
     }
 
     /// Kills every descendant: stopped first (nothing forks meanwhile), then, unless
@@ -523,25 +566,13 @@ impl Shepherd {
                 thread::sleep(Duration::from_millis(20));
             }
         }
-        let until = Instant::now() + KILL_PHASE;
-        loop {
-            let mut set = HashMap::new();
-            self.freeze(&mut set);
-            if set.is_empty() {
-                return;
-            }
-            for (&pid, &start) in &set {
-                signal_checked(pid, start, sys::SIGKILL);
-            }
+        let left = kill_all(&mut || {
             self.reap_all();
-            if Instant::now() >= until {
-                diag(format_args!(
-                    "shepherd: {} processes survived the kill",
-                    set.len()
-                ));
-                return;
-            }
-            thread::sleep(Duration::from_millis(5));
+            self.tree()
+        });
+        self.reap_all();
+        if left > 0 {
+            diag(format_args!("shepherd: {left} processes survived the kill"));
         }
     }
 }
@@ -556,7 +587,6 @@ mod tests {
         Proc {
             pid,
             ppid,
-            sid: 1,
             start: pid as u64 * 10,
             zombie,
         }

@@ -10,7 +10,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::exec::Exec;
-use crate::procs::{Proc, scan};
 use crate::proto::{CHUNK, STDERR, STDIN_ACK, STDOUT};
 use crate::{Helper, diag, lock, shepherd, sys, wait};
 
@@ -263,9 +262,8 @@ impl Helper {
 
     /// The shepherd died before it sent the command's status (killed from inside the
     /// sandbox): the exec ends as killed by the signal that killed its shepherd (SIGKILL
-    /// if it exited), and the processes still in its session, now re-parented to the
-    /// helper, are killed. (One that left the session is beyond reach: only root or the
-    /// helper's own user can do this, and either could kill it directly anyway.)
+    /// if it exited), and its processes, now re-parented to the helper whatever session
+    /// they made, are killed ([`Helper::kill_strays`]).
     fn shepherd_lost(&self, ex: &Exec) {
         ex.wait_shepherd(Instant::now() + Duration::from_secs(5));
         let ws = lock(&ex.st).shepherd_status.unwrap_or(sys::SIGKILL);
@@ -278,25 +276,8 @@ impl Helper {
             "exec {}: its shepherd {} died (wait status {ws:#x})",
             ex.id, ex.shepherd
         ));
-        // A terminal exec's command leads a session of its own.
-        let tty_session = ex.tty.is_some().then(|| lock(&ex.st).root).flatten();
-        for _ in 0..10 {
-            let left: Vec<Proc> = scan()
-                .into_iter()
-                .filter(|p| {
-                    (p.sid == ex.shepherd || Some(p.sid) == tty_session)
-                        && p.pid != self.pid
-                        && !p.zombie
-                })
-                .collect();
-            if left.is_empty() {
-                break;
-            }
-            for p in left {
-                shepherd::signal_checked(p.pid, p.start, sys::SIGKILL);
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
+        // Reaped (or 5 s passed): what it left is re-parented to this helper.
+        self.kill_strays();
         ex.reaped(status);
     }
 }

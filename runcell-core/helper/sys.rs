@@ -78,6 +78,7 @@ struct SigInfo {
 
 const PR_SET_DUMPABLE: c_int = 4;
 const PR_SET_CHILD_SUBREAPER: c_int = 36;
+const PR_GET_CHILD_SUBREAPER: c_int = 37;
 const P_ALL: c_int = 0;
 const P_PID: c_int = 1;
 const WNOHANG: c_int = 1;
@@ -187,6 +188,23 @@ fn check(r: c_int) -> io::Result<c_int> {
 pub fn set_child_subreaper() -> io::Result<()> {
     // SAFETY: PR_SET_CHILD_SUBREAPER takes plain integers and touches no memory of ours.
     check(unsafe { prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+}
+
+/// Whether this process is a child subreaper (the helper is; a unit test's is not).
+pub fn is_child_subreaper() -> bool {
+    let mut on: c_int = 0;
+    // SAFETY: PR_GET_CHILD_SUBREAPER writes one int through the pointer, which outlives
+    // the call.
+    let r = unsafe {
+        prctl(
+            PR_GET_CHILD_SUBREAPER,
+            &mut on as *mut c_int as c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    r == 0 && on != 0
 }
 
 /// Makes the helper non-dumpable: its `/proc/<pid>` files belong to root and processes

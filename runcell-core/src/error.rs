@@ -52,6 +52,42 @@ impl fmt::Display for ErrorKind {
 
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Text shown as it is, except what could move a terminal's cursor or reorder what a
+/// reader sees: control characters (a newline too: `Display` of an error is one line)
+/// and Unicode's invisible direction and width marks are shown escaped (`\u{1b}`,
+/// `\n`). Messages hold text the sandbox wrote (a helper's message, a container's
+/// termination message, a command's stderr): it must not reach a terminal raw.
+pub struct Shown<T>(pub T);
+
+impl<T: fmt::Display> fmt::Display for Shown<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Escaping<'a, 'b>(&'a mut fmt::Formatter<'b>);
+        impl fmt::Write for Escaping<'_, '_> {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                let mut plain = 0;
+                for (i, c) in s.char_indices() {
+                    if is_unsafe_char(c) {
+                        self.0.write_str(&s[plain..i])?;
+                        write!(self.0, "{}", c.escape_debug())?;
+                        plain = i + c.len_utf8();
+                    }
+                }
+                self.0.write_str(&s[plain..])
+            }
+        }
+        fmt::write(&mut Escaping(f), format_args!("{}", self.0))
+    }
+}
+
+/// A character [`Shown`] escapes.
+fn is_unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'
+        )
+}
+
 /// The error of every fallible operation in this library.
 ///
 /// `Display` is one line (kind, field, message, context, source). `Debug` spreads the
@@ -146,7 +182,9 @@ impl Error {
         self.kind
     }
 
-    /// The message, without kind or context.
+    /// The message, without kind or context, as it was made: it may hold text the
+    /// sandbox wrote (control characters too); show it through [`Shown`], as `Display`
+    /// does.
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -189,14 +227,14 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.kind)?;
         if let Some(field) = &self.field {
-            write!(f, " ({field})")?;
+            write!(f, " ({})", Shown(field))?;
         }
-        write!(f, ": {}", self.message)?;
+        write!(f, ": {}", Shown(&self.message))?;
         for (k, v) in &self.context {
-            write!(f, ", {k}: {v}")?;
+            write!(f, ", {k}: {}", Shown(v))?;
         }
         if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+            write!(f, ": {}", Shown(source))?;
         }
         Ok(())
     }
@@ -218,18 +256,18 @@ impl fmt::Debug for Error {
             f.write_str(" (temporary)")?;
         }
         if let Some(field) = &self.field {
-            write!(f, "\n    field: {field}")?;
+            write!(f, "\n    field: {}", Shown(field))?;
         }
         if let Some(operation) = self.operation {
             write!(f, "\n    operation: {operation}")?;
         }
-        write!(f, "\n    message: {}", self.message)?;
+        write!(f, "\n    message: {}", Shown(&self.message))?;
         for (k, v) in &self.context {
-            write!(f, "\n    {k}: {v}")?;
+            write!(f, "\n    {k}: {}", Shown(v))?;
         }
         let mut cause = std::error::Error::source(self);
         while let Some(e) = cause {
-            write!(f, "\n    caused by: {e}")?;
+            write!(f, "\n    caused by: {}", Shown(e))?;
             cause = e.source();
         }
         Ok(())
@@ -247,6 +285,32 @@ impl std::error::Error for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_from_the_sandbox_is_shown_escaped_on_one_line() {
+        let hostile = "a\x1b]0;owned\x07b\r\nc\u{202e}d\u{9b}31m\te\u{200b}f";
+        let shown = r"a\u{1b}]0;owned\u{7}b\r\nc\u{202e}d\u{9b}31m\te\u{200b}f";
+        assert_eq!(Shown(hostile).to_string(), shown);
+        // Plain text, quotes and backslashes as they are.
+        assert_eq!(Shown("é \"q\" \\ ok").to_string(), "é \"q\" \\ ok");
+        let e = Error::new(ErrorKind::RunLost, hostile)
+            .with_field(hostile)
+            .with("run", hostile)
+            .with_source(std::io::Error::other(hostile));
+        for text in [e.to_string(), format!("{e:?}")] {
+            assert!(
+                !text.chars().any(|c| c != '\n' && is_unsafe_char(c)),
+                "{text:?}"
+            );
+            assert_eq!(text.matches(shown).count(), 4, "{text}");
+        }
+        assert!(!e.to_string().contains('\n'));
+        let status = crate::ExitStatus::KillFailed(hostile.into()).to_string();
+        assert!(
+            status.contains(shown) && !status.chars().any(is_unsafe_char),
+            "{status}"
+        );
+    }
 
     #[test]
     fn display_names_kind_field_context_and_source() {

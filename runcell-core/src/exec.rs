@@ -20,7 +20,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, Shown};
 use crate::spec::{ExecSpec, Stdin};
 
 /// Default per-stream cap of buffered output (16 MiB).
@@ -220,14 +220,15 @@ impl fmt::Display for ExitStatus {
             ExitStatus::Exited(c) => write!(f, "exited with code {c}"),
             ExitStatus::Signaled(s) => write!(f, "killed by signal {s}"),
             ExitStatus::TimedOut => f.write_str("timed out"),
-            ExitStatus::RunLost(why) => write!(f, "the run's target is gone ({why})"),
+            ExitStatus::RunLost(why) => write!(f, "the run's target is gone ({})", Shown(why)),
             ExitStatus::KillFailed(why) => write!(
                 f,
-                "timed out, and its processes could not be killed ({why}); they may still run"
+                "timed out, and its processes could not be killed ({}); they may still run",
+                Shown(why)
             ),
-            ExitStatus::TransportLost(why) => write!(f, "transport lost: {why}"),
+            ExitStatus::TransportLost(why) => write!(f, "transport lost: {}", Shown(why)),
             ExitStatus::NotStarted { field, reason } => {
-                write!(f, "not started ({field}): {reason}")
+                write!(f, "not started ({}): {}", Shown(field), Shown(reason))
             }
         }
     }

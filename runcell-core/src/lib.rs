@@ -53,7 +53,7 @@ mod spec;
 mod warm;
 
 pub use capabilities::{Capabilities, is_numeric_user};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Result, Shown};
 pub use exec::{
     DEFAULT_OUTPUT_LIMIT, EXEC_ID_ENV, ExecOutput, ExecStream, ExitStatus, KILL_BOUND, OutputChunk,
     StdinWriter,

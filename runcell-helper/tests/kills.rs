@@ -293,3 +293,54 @@ fn a_killed_shepherd_ends_its_exec_as_signaled_and_takes_its_session() {
     assert_gone(bg, starts.1);
     assert_eq!(h.run(2, &sh("echo ok")).text(), "ok\n");
 }
+
+/// Whether a process whose command line starts with `prefix` (NUL-separated) lives.
+fn any_process(prefix: &[u8]) -> bool {
+    fs::read_dir("/proc").unwrap().flatten().any(|d| {
+        fs::read(d.path().join("cmdline")).is_ok_and(|c| c.starts_with(prefix))
+            && fs::read_to_string(d.path().join("stat")).is_ok_and(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+    })
+}
+
+/// A command that kills its shepherd at once (a root exec may: same uid as the helper),
+/// after starting one process in the shepherd's session and one that made a session of
+/// its own: whether the shepherd died before it answered (a spawn error) or after (the
+/// exec ends killed by SIGKILL), both processes are gone, and the helper serves on.
+/// Before, a shepherd killed before it answered left everything its command started,
+/// and one killed later left what had made a session of its own.
+#[test]
+fn an_exec_that_kills_its_shepherd_leaves_nothing_whenever_it_does() {
+    let mut h = Helper::start();
+    let (mut before, mut after) = (0, 0);
+    for round in 0..16 {
+        let id = 1 + round;
+        let script = "setsid sleep 98772 & sleep 98773 & kill -9 $PPID; wait";
+        match h.spawn(id, &sh(script)) {
+            Ok(_) => {
+                after += 1;
+                let out = h.wait_exit(id);
+                assert_eq!(out.exit, (SIGNALED, 9), "round {round}: {out:?}");
+            }
+            Err((kind, msg)) => {
+                before += 1;
+                assert_eq!(kind, SpawnError::Other, "round {round}: {msg}");
+            }
+        }
+        // Gone by the answer: the error or the exec's end.
+        for pid in [&b"sleep\x0098772\x00"[..], b"sleep\x0098773\x00"] {
+            assert!(
+                !any_process(pid),
+                "round {round}: {:?} lives",
+                String::from_utf8_lossy(pid)
+            );
+        }
+        assert_eq!(h.run(100 + round, &sh("echo ok")).text(), "ok\n");
+    }
+    eprintln!("shepherd killed before its answer {before} times, after it {after} times");
+}

@@ -121,6 +121,51 @@ pub async fn a_stopped_shepherd_cannot_hide_a_kill(cx: &Context) -> anyhow::Resu
     cx.assert_case_clean().await
 }
 
+/// Through the helper, a command that kills its own shepherd (`kill -9 $PPID`, as the
+/// helper's user may) after starting a process in the shepherd's session and one in a
+/// session of its own: the exec ends killed by SIGKILL (or, had the shepherd died before
+/// it answered, as a spawn error), and by then none of its processes is left, and the
+/// run's other execs go on. The helper is their subreaper once the shepherd is gone.
+pub async fn an_exec_that_kills_its_shepherd_leaves_nothing(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    if run.exec_path() != runcell_core::ExecPath::Helper {
+        run.stop().await?;
+        return cx.assert_case_clean().await;
+    }
+    let count = "n=0; for d in /proc/[0-9]*; do if tr '\\0' '\\n' 2>/dev/null < $d/environ \
+         | grep -qx RUNCELL_TEST_SHEPHERD_KILLER=1; then n=$((n+1)); fi; done; echo $n";
+    for round in 0..3 {
+        let spec = ExecSpec::new([
+            "sh",
+            "-c",
+            "setsid sleep 600 & sleep 600 & sleep 0.2; kill -9 $PPID; wait",
+        ])
+        .env("RUNCELL_TEST_SHEPHERD_KILLER", "1")
+        .timeout(Duration::from_secs(60));
+        let started = Instant::now();
+        match run.exec(spec).await {
+            Ok(out) => ensure!(
+                out.status == ExitStatus::Signaled(9),
+                "round {round}: an exec whose shepherd was killed ended {}",
+                out.status
+            ),
+            Err(e) => ensure!(e.kind() == ErrorKind::Backend, "round {round}: {e}"),
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(20),
+            "round {round}: took {:?}",
+            started.elapsed()
+        );
+        let left = sh_stdout(&*run, count).await?;
+        ensure!(
+            left == "0",
+            "round {round}: {left} processes of an exec whose shepherd was killed live on"
+        );
+    }
+    run.stop().await?;
+    cx.assert_case_clean().await
+}
+
 /// After a timed-out exec whose processes carry `marker` (`NAME=value`) in their env:
 /// `TimedOut` means none of them is alive (a kill that happened also leaves room for the
 /// exec that counts them); `KillFailed` must say why. Stops the run either way.

@@ -126,6 +126,7 @@ pub static CASES: &[Case] = &[
     case!(a_timed_out_exec_is_killed_or_says_it_was_not, |c| c
         .pids_limit),
     case!(a_stopped_shepherd_cannot_hide_a_kill),
+    case!(an_exec_that_kills_its_shepherd_leaves_nothing),
     case!(timeout_kills_descendants_that_cleared_their_env),
     case!(cancellation_kills_the_process_tree),
     case!(background_stdout_holder_returns),

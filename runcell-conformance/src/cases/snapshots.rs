@@ -48,7 +48,7 @@ pub async fn a_snapshot_starts_runs_with_its_files_and_nothing_else(
         .exec_stream(ExecSpec::new([
             "sh",
             "-c",
-            "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done",
+            "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.t; mv /tmp/count.t /tmp/count; sleep 0.05; done",
         ]))
         .await?;
     let snapshot = source
