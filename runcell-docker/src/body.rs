@@ -6,6 +6,10 @@ use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use runcell_core::raw::KEEPALIVE;
 use runcell_core::{Network, RunSpec, ca};
 
+/// The label on every container of a run that says where its workspace is mounted (a
+/// snapshot carries it; Podman's inspect lists mounts in no stable order).
+pub(crate) const WORKSPACE_LABEL: &str = "sandbox.dev/workspace";
+
 /// The container create body for a run. `labels` are the run's full labels (the
 /// library's and the caller's). Pure: snapshotted in tests.
 pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> ContainerCreateBody {
@@ -64,7 +68,13 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
         ),
         working_dir: Some(spec.effective_working_dir().to_string()),
         user: spec.user.clone(),
-        labels: Some(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        labels: Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .chain([(WORKSPACE_LABEL.to_string(), spec.workspace.path.clone())])
+                .collect(),
+        ),
         tty: Some(false),
         open_stdin: Some(false),
         attach_stdin: Some(false),

@@ -31,6 +31,7 @@ use runcell_core::{Error, ErrorKind, Result, Snapshot, ca, labels};
 use sha2::{Digest, Sha256};
 
 use crate::DockerDriver;
+use crate::body::WORKSPACE_LABEL;
 use crate::error;
 
 /// The repository snapshot images are tagged in (`runcell-snapshot:<id>`), so that a
@@ -45,6 +46,9 @@ const SLOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 /// The most the workspace's directory may hold (as the archive API sends it: a sparse
 /// file counts whole): past it the snapshot is refused, not spooled to the host's disk.
 pub const MAX_WORKSPACE_BYTES: u64 = 8 << 30;
+/// The largest image archive of a commit spooled on Podman (whose loader takes no layer
+/// it holds already, so the whole image goes through the host).
+pub const MAX_IMAGE_BYTES: u64 = 64 << 30;
 
 fn backend(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::Backend, what)
@@ -98,12 +102,6 @@ impl DockerDriver {
         id: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<Snapshot> {
-        if self.podman {
-            return Err(Error::unsupported(
-                "snapshot",
-                "snapshots on Podman are not supported yet",
-            ));
-        }
         let docker = &self.docker;
         // The commit, the workspace's read and the load take as long as the changes are
         // big: not the client's per-request timeout.
@@ -173,6 +171,18 @@ impl DockerDriver {
             .ok_or_else(|| backend("snapshot labels without an id"))?;
         let tag = format!("{REPOSITORY}:{snapshot_id}");
         let ((layer_file, digest), layer_len) = (layer, layer_bytes);
+        // Docker loads an archive that names the layers it holds without carrying them;
+        // Podman's loader wants every layer in it: the commit's own archive gives them.
+        let (kept, earlier) = if self.podman {
+            let (file, names) = self.layers_of(&committed).await?;
+            ensure_same_len(&names, &diff_ids)?;
+            (Some(file), names)
+        } else {
+            let names = (0..diff_ids.len())
+                .map(|i| format!("{i}/layer.tar"))
+                .collect();
+            (None, names)
+        };
         diff_ids.push(digest);
         let (head, tail) = save_archive(
             layer_len,
@@ -181,6 +191,7 @@ impl DockerDriver {
             base.architecture.clone(),
             committed_inspect.created.clone(),
             diff_ids,
+            earlier,
             &all_labels,
             &tag,
         )?;
@@ -188,7 +199,7 @@ impl DockerDriver {
             docker: docker.clone(),
             image: Some(tag.clone()),
         };
-        self.load((head, layer_file, tail)).await?;
+        self.load(kept, (head, layer_file, tail)).await?;
         let image = docker
             .inspect_image(&tag)
             .await
@@ -362,11 +373,18 @@ impl DockerDriver {
         Some((mode & 0o7777, text))
     }
 
-    /// Loads the archive `head` + the layer file + `tail` as one stream: the layer is
-    /// never copied again on the host.
-    async fn load(&self, (head, layer, tail): (Vec<u8>, std::fs::File, Vec<u8>)) -> Result<()> {
+    /// Loads the archive `kept` (entries without an end) + `head` + the layer file +
+    /// `tail` as one stream: the layer is never copied again on the host.
+    async fn load(
+        &self,
+        kept: Option<std::fs::File>,
+        (head, layer, tail): (Vec<u8>, std::fs::File, Vec<u8>),
+    ) -> Result<()> {
+        let kept = futures::stream::iter(kept)
+            .flat_map(|f| tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(f)));
         let file = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(layer));
-        let body = futures::stream::iter([Ok(bytes::Bytes::from(head))])
+        let body = kept
+            .chain(futures::stream::iter([Ok(bytes::Bytes::from(head))]))
             .chain(file)
             .chain(futures::stream::iter([Ok(bytes::Bytes::from(tail))]));
         let options = ImportImageOptionsBuilder::default().quiet(true).build();
@@ -381,17 +399,49 @@ impl DockerDriver {
         Ok(())
     }
 
-    pub(crate) async fn list_snapshot_images(&self) -> Result<Vec<Snapshot>> {
-        if self.podman {
-            return Ok(Vec::new());
+    /// The layers of image `id` as the engine's own archive of it has them (Podman): a
+    /// temporary file with their entries (and no end-of-archive), and their names in
+    /// the image's order. The archive is spooled to the host's disk (capped).
+    async fn layers_of(&self, id: &str) -> Result<(std::fs::File, Vec<String>)> {
+        let slow = self.docker.clone().with_timeout(SLOW);
+        let mut raw = slow.export_image(id);
+        let mut spool = tempfile::tempfile().map_err(io("a temporary file"))?;
+        {
+            let mut out =
+                tokio::fs::File::from_std(spool.try_clone().map_err(io("a temporary file"))?);
+            let mut total = 0u64;
+            while let Some(chunk) = raw.next().await {
+                let chunk = chunk.map_err(|e| error::map("export image", e).with("image", id))?;
+                total += chunk.len() as u64;
+                if total > MAX_IMAGE_BYTES {
+                    return Err(Error::unsupported(
+                        "snapshot",
+                        format!(
+                            "the image of the run's changes is over {} GiB: too big for a snapshot",
+                            MAX_IMAGE_BYTES >> 30
+                        ),
+                    ));
+                }
+                tokio::io::AsyncWriteExt::write_all(&mut out, &chunk)
+                    .await
+                    .map_err(io("spooling the image"))?;
+            }
+            tokio::io::AsyncWriteExt::flush(&mut out)
+                .await
+                .map_err(io("spooling the image"))?;
         }
-        let filters = std::collections::HashMap::from([(
-            "label".to_string(),
-            vec![
-                format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE),
-                SNAPSHOT_ID.to_string(),
-            ],
-        )]);
+        tokio::task::spawn_blocking(move || {
+            spool.rewind().map_err(io("spooling the image"))?;
+            keep_layers(spool)
+        })
+        .await
+        .map_err(|e| backend(format!("snapshot: reading the image's archive: {e}")))?
+    }
+
+    pub(crate) async fn list_snapshot_images(&self) -> Result<Vec<Snapshot>> {
+        // One label filter: Podman 4.3 answers none to two (the other is checked here).
+        let filters =
+            std::collections::HashMap::from([("label".to_string(), vec![SNAPSHOT_ID.to_string()])]);
         let options = ListImagesOptionsBuilder::default()
             .filters(&filters)
             .build();
@@ -404,10 +454,17 @@ impl DockerDriver {
             .into_iter()
             .filter_map(|i| {
                 let labels: BTreeMap<String, String> = i.labels.into_iter().collect();
+                if labels.get(labels::MANAGED_BY).map(String::as_str)
+                    != Some(labels::MANAGED_BY_VALUE)
+                {
+                    return None;
+                }
                 // Ours only if tagged as ours: an image of a run from a snapshot that
                 // someone committed carries the labels too.
                 let tag = format!("{REPOSITORY}:{}", labels.get(SNAPSHOT_ID)?);
-                if !i.repo_tags.contains(&tag) {
+                // Podman names a loaded image's short name under `localhost/`.
+                let ours = |t: &String| t == &tag || t.strip_prefix("localhost/") == Some(&tag);
+                if !i.repo_tags.iter().any(ours) {
                     return None;
                 }
                 let base = labels.get(BASE_LABEL).cloned().unwrap_or_default();
@@ -483,9 +540,20 @@ impl DockerDriver {
     }
 }
 
-/// Where the workspace is: the first mount the library asked for (`body.rs`), in the
-/// order the engine keeps (`inspect`'s own list of mounts is in no stable order).
+/// Where the workspace is: the label the driver set at create ([`WORKSPACE_LABEL`]); for
+/// a container made before it had one (Docker only), the first mount the library asked
+/// for (`body.rs`), in the order the engine keeps (`inspect`'s own list of mounts is in
+/// no stable order).
 fn workspace_of(inspect: &bollard::models::ContainerInspectResponse) -> Result<String> {
+    let labelled = inspect
+        .config
+        .as_ref()
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| l.get(WORKSPACE_LABEL))
+        .filter(|p| p.starts_with('/'));
+    if let Some(path) = labelled {
+        return Ok(path.clone());
+    }
     inspect
         .host_config
         .as_ref()
@@ -706,9 +774,91 @@ fn append_entry(
     write_data(out, data)
 }
 
+/// The layers named in `archive`'s `manifest.json` (an image archive as engines write
+/// it), their entries copied to a temporary file without an end-of-archive, and their
+/// names in order.
+fn keep_layers(mut archive: std::fs::File) -> Result<(std::fs::File, Vec<String>)> {
+    let bad = |what: &str| backend(format!("snapshot: the engine's image archive {what}"));
+    let mut names: Option<Vec<String>> = None;
+    {
+        let mut tar = tar::Archive::new(&mut archive);
+        for entry in tar.entries().map_err(io("reading the image's archive"))? {
+            let mut entry = entry.map_err(io("reading the image's archive"))?;
+            if entry.path_bytes().as_ref() == b"manifest.json" {
+                if entry.size() > 1 << 20 {
+                    return Err(bad("has a manifest over 1 MiB"));
+                }
+                let mut text = Vec::new();
+                entry
+                    .read_to_end(&mut text)
+                    .map_err(io("reading the image's archive"))?;
+                let manifest: serde_json::Value = serde_json::from_slice(&text)
+                    .map_err(|e| bad("has a manifest that is not JSON").with_source(e))?;
+                let Some([one]) = manifest.as_array().map(Vec::as_slice) else {
+                    return Err(bad("holds other than one image"));
+                };
+                let layers = one["Layers"]
+                    .as_array()
+                    .ok_or_else(|| bad("has a manifest without layers"))?
+                    .iter()
+                    .map(|l| l.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| bad("names a layer by other than a string"))?;
+                names = Some(layers);
+            }
+        }
+    }
+    let names = names.ok_or_else(|| bad("has no manifest"))?;
+    archive
+        .rewind()
+        .map_err(io("reading the image's archive"))?;
+    // Entries written as they are (a `tar::Builder` would end the archive).
+    let mut out = tempfile::tempfile().map_err(io("a temporary file"))?;
+    let mut found = 0;
+    let mut tar = tar::Archive::new(&mut archive);
+    for entry in tar.entries().map_err(io("reading the image's archive"))? {
+        let mut entry = entry.map_err(io("reading the image's archive"))?;
+        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        if !names.contains(&path) || entry.header().entry_type() != tar::EntryType::Regular {
+            continue;
+        }
+        // Named in the header itself (no long-name record to carry along).
+        if entry.header().path_bytes().as_ref() != path.as_bytes() {
+            return Err(bad("names a layer with a long-name record"));
+        }
+        found += 1;
+        out.write_all(entry.header().as_bytes())
+            .map_err(io("copying the image's layers"))?;
+        let n = std::io::copy(&mut entry, &mut out).map_err(io("copying the image's layers"))?;
+        if n != entry.size() {
+            return Err(bad("ends inside a layer"));
+        }
+        out.write_all(&vec![0u8; ((512 - n % 512) % 512) as usize])
+            .map_err(io("copying the image's layers"))?;
+    }
+    if found != names.len() {
+        return Err(bad("lacks some of its layers"));
+    }
+    out.rewind().map_err(io("copying the image's layers"))?;
+    Ok((out, names))
+}
+
+/// The layers an archive carries are the image's, one for one.
+fn ensure_same_len(names: &[String], diff_ids: &[String]) -> Result<()> {
+    if names.len() == diff_ids.len() {
+        Ok(())
+    } else {
+        Err(backend(format!(
+            "snapshot: the engine's archive of the commit has {} layers, its image {}",
+            names.len(),
+            diff_ids.len()
+        )))
+    }
+}
+
 /// A `docker save`-shaped archive (the one new layer, the configuration, the manifest),
-/// as the bytes before the layer file and those after it. The configuration is the base
-/// image's with the snapshot's labels added.
+/// as the bytes before the layer file and those after it; `earlier` names the image's
+/// other layers. The configuration is the base image's with the snapshot's labels added.
 #[allow(clippy::too_many_arguments)]
 fn save_archive(
     layer_len: u64,
@@ -717,6 +867,7 @@ fn save_archive(
     architecture: Option<String>,
     created: Option<String>,
     diff_ids: Vec<String>,
+    earlier: Vec<String>,
     labels: &BTreeMap<String, String>,
     tag: &str,
 ) -> Result<(Vec<u8>, Vec<u8>)> {
@@ -745,20 +896,17 @@ fn save_archive(
     let config_bytes = serde_json::to_vec(&image)
         .map_err(|e| backend("snapshot: the image configuration").with_source(e))?;
     let config_name = format!("{}.json", hex::encode(Sha256::digest(&config_bytes)));
-    // Every layer but the last is in the engine's store already: named, never read.
-    let layers: Vec<String> = (0..diff_ids.len())
-        .map(|i| format!("{i}/layer.tar"))
-        .collect();
+    // Every layer but the last is in the engine's store already (Docker: named, never
+    // read) or in the archive before `head` (Podman).
+    let mut layers = earlier;
+    layers.push(format!("{}/layer.tar", layers.len()));
     let manifest = serde_json::to_vec(&serde_json::json!([{
         "Config": config_name,
         "RepoTags": [tag],
         "Layers": layers,
     }]))
     .map_err(|e| backend("snapshot: the manifest").with_source(e))?;
-    let last = layers
-        .last()
-        .cloned()
-        .unwrap_or_else(|| "0/layer.tar".into());
+    let last = layers.last().cloned().unwrap_or_default();
     let mut head = Vec::new();
     let mut h = tar::Header::new_gnu();
     h.as_old_mut().name[..last.len()].copy_from_slice(last.as_bytes());

@@ -2,7 +2,7 @@
 //! started from them seeing exactly that and nothing of the source run's settings, each
 //! on its own; the source untouched; ids that are not a snapshot refused; nothing left.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use runcell_core::{DriverExt, ErrorKind, ExecSpec, RunSpec, Snapshot, SnapshotOptions};
@@ -320,7 +320,9 @@ pub async fn a_snapshot_keeps_odd_files_and_refuses_whiteouts(cx: &Context) -> a
         ),
     )
     .await?;
+    let started = Instant::now();
     let snapshot = source.snapshot(SnapshotOptions::default()).await?;
+    let took = started.elapsed();
     let run = cx.driver.start(&spec_from(cx, &snapshot)).await?;
     let seen = sh_stdout(
         &*run,
@@ -361,18 +363,28 @@ pub async fn a_snapshot_keeps_odd_files_and_refuses_whiteouts(cx: &Context) -> a
             cx.driver.remove_snapshot(&made?.id).await?;
         }
     }
-    // A snapshot given up goes on in the background and removes what it made: after
-    // 20 s (one takes about a second here) none is left.
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    let left: Vec<String> = cx
-        .driver
-        .snapshots()
-        .await?
-        .into_iter()
-        .filter(|s| s.source_run == source.id())
-        .map(|s| s.id)
-        .collect();
-    ensure!(left.is_empty(), "snapshots given up were left: {left:?}");
+    // A snapshot given up goes on in the background and removes what it made: once
+    // both had the time of a whole one (three times over), none is left.
+    tokio::time::sleep(took * 3 + Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left: Vec<String> = cx
+            .driver
+            .snapshots()
+            .await?
+            .into_iter()
+            .filter(|s| s.source_run == source.id())
+            .map(|s| s.id)
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "snapshots given up were left: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     source.stop().await?;
     Ok(())
 }
