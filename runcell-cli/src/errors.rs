@@ -107,7 +107,9 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(m) | Failure::Remote { message: m, .. } => f.write_str(m),
+            Failure::Usage(m) => f.write_str(m),
+            // Relayed by the run's mux: as `Error`'s own Display, escaped.
+            Failure::Remote { message: m, .. } => write!(f, "{}", runcell_core::Shown(m)),
             Failure::Core { error, at } => {
                 if let Some(at) = at {
                     write!(f, "{at}: ")?;
@@ -117,7 +119,7 @@ impl fmt::Display for Failure {
                 write!(f, "{error}")?;
                 let mut cause = std::error::Error::source(&**error).and_then(|s| s.source());
                 while let Some(c) = cause {
-                    write!(f, ": {c}")?;
+                    write!(f, ": {}", runcell_core::Shown(c))?;
                     cause = c.source();
                 }
                 Ok(())

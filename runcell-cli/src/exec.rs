@@ -253,7 +253,7 @@ pub async fn stream(
         Running::Mux(mut exec) => {
             let exit = exec.exit();
             if let Some(m) = exit.message {
-                eprintln!("{m}");
+                eprintln!("{}", runcell_core::Shown(m));
             }
             exit.code
         }
@@ -313,7 +313,11 @@ pub fn exit_outcome(status: &ExitStatus, timeout: Option<Duration>) -> (i32, Opt
         ),
         other => (code::FAILED, format!("the command ended: {other}")),
     };
-    (code, Some(format!("sandbox: {line}")))
+    // The reasons are the sandbox's or the engine's words: shown escaped.
+    (
+        code,
+        Some(format!("sandbox: {}", runcell_core::Shown(line))),
+    )
 }
 
 /// Waits (bounded) until no process in the run carries this exec's marker.

@@ -52,6 +52,15 @@ use crate::{FLUSH_AT_END, Helper, diag, harden, self_digest, serve_stdio, start_
 /// How long a relay waits for the lock (another relay may hold it while it starts the
 /// daemon, which takes at most [`DAEMON_READY`]).
 const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// The daemon this relay started (pid, start time), if it did.
+static STARTED_DAEMON: std::sync::OnceLock<(i32, u64)> = std::sync::OnceLock::new();
+
+/// The daemon this process started as a relay (pid, start time): a child of a relay that
+/// serves its connection itself, and not one of its strays.
+pub(crate) fn started_daemon() -> Option<(i32, u64)> {
+    STARTED_DAEMON.get().copied()
+}
+
 /// How long a relay waits for the daemon it started to listen.
 const DAEMON_READY: Duration = Duration::from_secs(3);
 /// How long a relay whose stdin ended waits for the daemon to end the connection: the
@@ -229,8 +238,14 @@ fn start_daemon(dir: &File, exe: &Path) -> io::Result<()> {
         .spawn();
     sys::set_cloexec(dir_fd, true)?;
     drop(ready_w);
-    // Never waited on: it outlives the relay.
-    drop(spawned?);
+    // Never waited on: it outlives the relay. Should the relay serve its connection
+    // itself after all, the daemon is its child but no stray of it.
+    let child = spawned?;
+    let pid = child.id() as i32;
+    if let Some(p) = crate::procs::read_stat(pid, &mut Vec::new()) {
+        let _ = STARTED_DAEMON.set((pid, p.start));
+    }
+    drop(child);
     let mut fds = [sys::PollFd {
         fd: ready_r.as_raw_fd(),
         events: sys::POLLIN,

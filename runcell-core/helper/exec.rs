@@ -28,6 +28,8 @@ use crate::{Helper, diag, lock, shepherd, spawn_error_kind, start_thread, wait};
 /// How long a shepherd may take to answer a plan (it starts the command and answers at
 /// once; only a stopped one takes longer).
 const SHEPHERD_ANSWER: Duration = Duration::from_secs(8);
+/// How long one sweep of strays goes on ([`Helper::kill_strays`]).
+const STRAY_PHASE: Duration = Duration::from_secs(2);
 /// How long a kill waits for the exec's shepherd to confirm that its processes are gone
 /// (its graceful kill takes about `KILL_GRACE_MS`; the host waits 4 s for `KILLED`).
 const KILL_CONFIRM: Duration = Duration::from_millis(KILL_GRACE_MS + 2500);
@@ -721,10 +723,19 @@ impl Helper {
                 self.after_lost_shepherd(ex.shepherd);
                 return abandon(SpawnError::Other, "the exec's shepherd failed".into());
             }
+            // It did not answer (a process of the command stopped it): it is killed, and
+            // what it left with it, before the error goes out.
             Err(e) => {
+                {
+                    let r = lock(&self.reg);
+                    // Still this helper's unreaped child: its pid is its own.
+                    if r.shepherds.contains_key(&ex.shepherd) {
+                        sys::signal(ex.shepherd, sys::SIGKILL);
+                    }
+                }
+                self.after_lost_shepherd(ex.shepherd);
                 let msg = format!("the exec's shepherd did not answer: {e}");
-                abandon(SpawnError::Other, msg);
-                return self.after_lost_shepherd(ex.shepherd);
+                return abandon(SpawnError::Other, msg);
             }
         };
         let _ = reader.set_read_timeout(None);
@@ -753,24 +764,43 @@ impl Helper {
     }
 
     /// Kills the helper's strays: processes that descend from it through no live
-    /// shepherd. They are what a shepherd killed from inside the run left (its orphans
+    /// shepherd (nor through the daemon a relay started before it served its connection
+    /// itself). They are what a shepherd killed from inside the run left (its orphans
     /// are re-parented to the helper, their subreaper, whatever session or group they
-    /// made, and cannot leave its tree), and their exec is over. The registry stays
-    /// locked while they are found and stopped, so no shepherd starts or is reaped
-    /// meanwhile (a new one is never taken for a stray). A helper that is no subreaper
-    /// (a unit test's) has none.
+    /// made, and cannot leave its tree), and their exec is over: each is SIGKILLed as
+    /// soon as a walk finds it, and walks go on until one finds none, for at most
+    /// [`STRAY_PHASE`]. One that outruns the walks by forking and exiting over and over
+    /// makes the reaper reap its old selves, and each reap sweeps again. The registry is
+    /// locked during each walk, so no shepherd starts or is reaped meanwhile (a new one is
+    /// never taken for a stray); a signal goes only to the process a walk saw (its start
+    /// time checked). A helper that is no subreaper (a unit test's) has none.
     pub(crate) fn kill_strays(&self) {
         if !sys::is_child_subreaper() {
             return;
         }
-        let left = shepherd::kill_all(&mut || {
-            let r = lock(&self.reg);
-            shepherd::strays(&procs::scan(), self.pid, &|pid| {
-                r.shepherds.contains_key(&pid)
-            })
-        });
-        if left > 0 {
-            diag(format_args!("{left} stray processes survived their kill"));
+        let kept = crate::daemon::started_daemon();
+        let until = Instant::now() + STRAY_PHASE;
+        loop {
+            let found = {
+                let r = lock(&self.reg);
+                shepherd::strays(&procs::scan(), self.pid, &|pid, start| {
+                    r.shepherds.contains_key(&pid) || kept == Some((pid, start))
+                })
+            };
+            if found.is_empty() {
+                return;
+            }
+            for (&pid, &start) in &found {
+                shepherd::signal_checked(pid, start, sys::SIGKILL);
+            }
+            if Instant::now() >= until {
+                diag(format_args!(
+                    "{} stray processes outlived {STRAY_PHASE:?} of kills",
+                    found.len()
+                ));
+                return;
+            }
+            thread::sleep(Duration::from_millis(2));
         }
     }
 
@@ -778,11 +808,28 @@ impl Helper {
 
     /// Waits for every child: shepherds are marked gone on their exec, anything else (an
     /// orphan of a shepherd that was killed) is just reaped.
+    /// Strays a reap told of are swept once every child that exited is reaped (a
+    /// process that forks and exits over and over leaves thousands of zombies, each a
+    /// reap, and each `/proc` entry a walk reads).
     pub(crate) fn reaper(&'static self) {
+        let mut strays = false;
         loop {
             let generation = lock(&self.reg).spawned;
-            match sys::wait_exited() {
-                Ok(pid) => self.reap(pid),
+            let next = if strays {
+                sys::exited_now()
+            } else {
+                sys::wait_exited().map(Some)
+            };
+            match next {
+                Ok(Some(pid)) => strays |= self.reap(pid),
+                Ok(None) => {
+                    self.kill_strays();
+                    strays = false;
+                }
+                Err(e) if e.raw_os_error() == Some(ECHILD) && strays => {
+                    self.kill_strays();
+                    strays = false;
+                }
                 Err(e) if e.raw_os_error() == Some(ECHILD) => {
                     let mut r = lock(&self.reg);
                     while r.spawned == generation {
@@ -795,22 +842,25 @@ impl Helper {
         }
     }
 
-    /// Reaps one exited child. A shepherd's exit means none of its exec's processes is
-    /// left: its exec is removed if its record was forgotten, and a kill waiting for it
-    /// ends.
-    pub(crate) fn reap(&self, pid: i32) {
+    /// Reaps one exited child. A shepherd's own exit means none of its exec's processes
+    /// is left: its exec is removed if its record was forgotten, and a kill waiting for
+    /// it ends. True when strays may be left ([`Helper::kill_strays`]): the child was a
+    /// shepherd a signal killed, or no shepherd at all (an orphan of a killed one, which
+    /// may have left more, e.g. a process that keeps forking and exiting).
+    pub(crate) fn reap(&self, pid: i32) -> bool {
         let mut r = lock(&self.reg);
         // Under the lock: a spawn in progress finishes (and registers its shepherd) first,
         // and a child std reaped itself (failed exec) is simply gone.
         let Ok(Some(status)) = sys::reap(pid) else {
-            return;
+            return false;
         };
         let Some(id) = r.shepherds.remove(&pid) else {
-            return;
+            return true;
         };
+        let killed = status & 0x7f != 0 && status & 0x7f != 0x7f;
         // Not a later exec of the same id (this one's spawn failed and was removed).
         let Some(ex) = r.execs.get(&id).filter(|ex| ex.shepherd == pid).cloned() else {
-            return;
+            return killed;
         };
         let gone = {
             let mut st = lock(&ex.st);
@@ -821,6 +871,7 @@ impl Helper {
         if gone {
             r.execs.remove(&id);
         }
+        killed
     }
 
     // ---- kill --------------------------------------------------------------------------

@@ -208,18 +208,34 @@ pub(crate) fn kill_all(walk: &mut dyn FnMut() -> HashMap<i32, u64>) -> usize {
     }
 }
 
-/// A helper's strays in `procs`: its descendants that no live shepherd of it leads to
-/// (its children other than the `shepherds`, and all below them). Only the orphans of
-/// a shepherd killed from inside the run are such: re-parented to the helper, their
-/// subreaper, whatever session or group they made.
-pub fn strays(procs: &[Proc], helper: i32, shepherds: &dyn Fn(i32) -> bool) -> HashMap<i32, u64> {
-    let mut found = HashMap::new();
+/// A helper's strays in `procs`: its descendants that nothing `kept` (its live
+/// shepherds, by pid and start time) leads to: its other children, and all below them.
+/// Only the orphans of a shepherd killed from inside the run are such: re-parented to
+/// the helper, their subreaper, whatever session or group they made.
+pub fn strays(procs: &[Proc], helper: i32, kept: &dyn Fn(i32, u64) -> bool) -> HashMap<i32, u64> {
+    let mut children: HashMap<i32, Vec<&Proc>> = HashMap::new();
     for p in procs {
-        if p.ppid == helper && p.pid > 1 && p.pid != helper && !shepherds(p.pid) {
-            if !p.zombie {
-                found.insert(p.pid, p.start);
+        children.entry(p.ppid).or_default().push(p);
+    }
+    let mut found = HashMap::new();
+    let mut stack: Vec<&Proc> = children
+        .get(&helper)
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .copied()
+        .filter(|p| p.pid > 1 && p.pid != helper && !kept(p.pid, p.start))
+        .collect();
+    while let Some(p) = stack.pop() {
+        if p.zombie {
+            continue;
+        }
+        if found.insert(p.pid, p.start).is_some() {
+            continue;
+        }
+        for c in children.get(&p.pid).map_or(&[][..], Vec::as_slice) {
+            if c.pid > 1 && c.pid != helper {
+                stack.push(c);
             }
-            found.extend(descendants(procs, p.pid));
         }
     }
     found
@@ -711,6 +727,42 @@ mod tests {
         b.write_all(&kill_frame(true)[..7]).unwrap();
         drop(b);
         assert!(read_frame(&mut a).is_err());
+    }
+
+    #[test]
+    fn strays_are_what_no_kept_child_of_the_helper_leads_to() {
+        // helper 10 ─┬─ 11 (shepherd) ─── 12
+        //            ├─ 13 (stray) ─── 14 ─── 15
+        //            ├─ 16 (zombie)
+        //            └─ 17 (the daemon a relay started) ─── 18
+        // 1 ─── 10; 20 (another tree) ─── 21
+        let procs = [
+            proc(1, 0, false),
+            proc(10, 1, false),
+            proc(11, 10, false),
+            proc(12, 11, false),
+            proc(13, 10, false),
+            proc(14, 13, false),
+            proc(15, 14, false),
+            proc(16, 10, true),
+            proc(17, 10, false),
+            proc(18, 17, false),
+            proc(20, 1, false),
+            proc(21, 20, false),
+        ];
+        let kept = |pid: i32, start: u64| pid == 11 || (pid, start) == (17, 170);
+        let mut found: Vec<i32> = strays(&procs, 10, &kept).into_keys().collect();
+        found.sort_unstable();
+        assert_eq!(found, [13, 14, 15]);
+        // The daemon only by its start time too: a pid reused is a stray.
+        let mut found: Vec<i32> = strays(&procs, 10, &|pid, start| {
+            pid == 11 || (pid, start) == (17, 1)
+        })
+        .into_keys()
+        .collect();
+        found.sort_unstable();
+        assert_eq!(found, [13, 14, 15, 17, 18]);
+        assert!(strays(&procs, 99, &kept).is_empty());
     }
 
     #[test]

@@ -238,6 +238,11 @@ pub fn wait_exited() -> io::Result<i32> {
     wait_id(P_ALL, 0, WEXITED)
 }
 
+/// Some child that has exited, without blocking or reaping it: its pid, or `None`.
+pub fn exited_now() -> io::Result<Option<i32>> {
+    wait_id(P_ALL, 0, WEXITED | WNOHANG).map(|pid| (pid > 0).then_some(pid))
+}
+
 /// Whether the child `pid` has exited (a zombie not reaped yet), without reaping it.
 pub fn has_exited(pid: i32) -> bool {
     wait_id(P_PID, pid as c_uint, WEXITED | WNOHANG).is_ok_and(|p| p == pid)

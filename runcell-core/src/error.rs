@@ -68,7 +68,10 @@ impl<T: fmt::Display> fmt::Display for Shown<T> {
                 for (i, c) in s.char_indices() {
                     if is_unsafe_char(c) {
                         self.0.write_str(&s[plain..i])?;
-                        write!(self.0, "{}", c.escape_debug())?;
+                        match c {
+                            '\n' | '\r' | '\t' => write!(self.0, "{}", c.escape_default())?,
+                            _ => write!(self.0, "{}", c.escape_unicode())?,
+                        }
                         plain = i + c.len_utf8();
                     }
                 }
@@ -79,12 +82,34 @@ impl<T: fmt::Display> fmt::Display for Shown<T> {
     }
 }
 
-/// A character [`Shown`] escapes.
+/// A character [`Shown`] escapes: controls (Unicode's Cc), the invisible format
+/// characters (Cf: direction marks and overrides, joiners, the soft hyphen, tags), line
+/// and paragraph separators, and variation selectors.
 fn is_unsafe_char(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
-            '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'
+            '\u{ad}'
+                | '\u{34f}'
+                | '\u{600}'..='\u{605}'
+                | '\u{61c}'
+                | '\u{6dd}'
+                | '\u{70f}'
+                | '\u{890}'..='\u{891}'
+                | '\u{8e2}'
+                | '\u{180b}'..='\u{180f}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{fe00}'..='\u{fe0f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+                | '\u{110bd}'
+                | '\u{110cd}'
+                | '\u{13430}'..='\u{1343f}'
+                | '\u{1bca0}'..='\u{1bca3}'
+                | '\u{1d173}'..='\u{1d17a}'
+                | '\u{e0000}'..='\u{e0fff}'
         )
 }
 
@@ -291,6 +316,20 @@ mod tests {
         let hostile = "a\x1b]0;owned\x07b\r\nc\u{202e}d\u{9b}31m\te\u{200b}f";
         let shown = r"a\u{1b}]0;owned\u{7}b\r\nc\u{202e}d\u{9b}31m\te\u{200b}f";
         assert_eq!(Shown(hostile).to_string(), shown);
+        for c in [
+            '\u{61c}',
+            '\u{206a}',
+            '\u{180e}',
+            '\u{ad}',
+            '\u{e0041}',
+            '\u{fe0f}',
+        ] {
+            assert_eq!(
+                Shown(c).to_string(),
+                c.escape_unicode().to_string(),
+                "{c:?}"
+            );
+        }
         // Plain text, quotes and backslashes as they are.
         assert_eq!(Shown("é \"q\" \\ ok").to_string(), "é \"q\" \\ ok");
         let e = Error::new(ErrorKind::RunLost, hostile)

@@ -9,28 +9,10 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// Compiles `src` (C) into `dir/name`; `None` where no C compiler is.
-fn cc(dir: &Path, name: &str, src: &str) -> Option<PathBuf> {
-    let c = dir.join(format!("{name}.c"));
-    let exe = dir.join(name);
-    fs::write(&c, src).unwrap();
-    let ok = Command::new("cc")
-        .arg("-O")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&c)
-        .status()
-        .ok()?
-        .success();
-    ok.then_some(exe)
-}
 
 /// argv: daemon pid, a shell command. Kills its shepherd (same uid as the daemon, as
 /// every exec by default), waits to be re-parented to the daemon (a child subreaper),

@@ -294,20 +294,6 @@ fn a_killed_shepherd_ends_its_exec_as_signaled_and_takes_its_session() {
     assert_eq!(h.run(2, &sh("echo ok")).text(), "ok\n");
 }
 
-/// Whether a process whose command line starts with `prefix` (NUL-separated) lives.
-fn any_process(prefix: &[u8]) -> bool {
-    fs::read_dir("/proc").unwrap().flatten().any(|d| {
-        fs::read(d.path().join("cmdline")).is_ok_and(|c| c.starts_with(prefix))
-            && fs::read_to_string(d.path().join("stat")).is_ok_and(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-    })
-}
-
 /// A command that kills its shepherd at once (a root exec may: same uid as the helper),
 /// after starting one process in the shepherd's session and one that made a session of
 /// its own: whether the shepherd died before it answered (a spawn error) or after (the
@@ -334,13 +320,127 @@ fn an_exec_that_kills_its_shepherd_leaves_nothing_whenever_it_does() {
         }
         // Gone by the answer: the error or the exec's end.
         for pid in [&b"sleep\x0098772\x00"[..], b"sleep\x0098773\x00"] {
-            assert!(
-                !any_process(pid),
-                "round {round}: {:?} lives",
-                String::from_utf8_lossy(pid)
-            );
+            let live = live_pids_of(pid);
+            assert!(live.is_empty(), "round {round}: {live:?} live");
         }
         assert_eq!(h.run(100 + round, &sh("echo ok")).text(), "ok\n");
     }
     eprintln!("shepherd killed before its answer {before} times, after it {after} times");
+}
+
+/// A background process of an exec that ended kills the shepherd (still there for it):
+/// no status is awaited any more, yet the helper reaps a killed shepherd and sweeps
+/// what it left. Before, it lived on as the helper's stray until another exec lost
+/// its shepherd.
+#[test]
+fn a_shepherd_killed_after_its_command_ended_leaves_no_stray() {
+    let mut h = Helper::start();
+    let script = "S=$PPID; (sleep 0.5; kill -9 $S; exec sleep 98781) >/dev/null 2>&1 & exit 0";
+    assert_eq!(h.run(1, &sh(script)).exit, (EXITED, 0));
+    thread::sleep(Duration::from_secs(1));
+    eventually("the background process is gone", || {
+        live_pids_of(b"sleep\x0098781\x00").is_empty()
+    });
+    assert_eq!(h.run(2, &sh("echo ok")).text(), "ok\n");
+}
+
+/// Forks, and the parent exits, over and over for `argv[2]` seconds (each walk of the
+/// helper's sweep finds a pid that is gone by the time it is signalled), then writes its
+/// pid to `argv[1]` and becomes `sleep 98782`. Its first parent kills the shepherd.
+const HOP_C: &str = r#"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+int main(int argc, char **argv) {
+    pid_t shepherd = getppid();
+    double hop = atof(argv[2]);
+    if (fork() == 0) {
+        double t0 = now();
+        while (now() - t0 < hop) {
+            pid_t c = fork();
+            if (c > 0) _exit(0);
+        }
+        FILE *f = fopen(argv[1], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+        execlp("sleep", "sleep", "98782", (char *)0);
+        _exit(1);
+    }
+    usleep(100000);
+    kill(shepherd, SIGKILL);
+    pause();
+    return 0;
+}
+"#;
+
+/// A stray that changes its pid faster than a sweep walks is chased by a sweep on every
+/// reap of its former selves, and dies once it stops (before, it outlived the one
+/// bounded sweep in 3 of 5 rounds).
+#[test]
+fn a_stray_that_keeps_changing_its_pid_dies_when_it_stops() {
+    let dir = TempDir::new();
+    let Some(exe) = cc(dir.path(), "hop", HOP_C) else {
+        eprintln!("no cc: skipped");
+        return;
+    };
+    let mut h = Helper::start();
+    for round in 0..3 {
+        let out = dir.path().join(format!("out{round}"));
+        let sp = spawn_of(&[exe.to_str().unwrap(), out.to_str().unwrap(), "3"]);
+        if h.spawn(10 + round, &sp).is_ok() {
+            assert_eq!(h.wait_exit(10 + round).exit, (SIGNALED, 9), "round {round}");
+        }
+        thread::sleep(Duration::from_secs(3));
+        eventually("the hopper is gone", || {
+            live_pids_of(b"sleep\x0098782\x00").is_empty()
+        });
+    }
+    assert_eq!(h.run(1, &sh("echo ok")).text(), "ok\n");
+}
+
+/// A relay whose daemon did not listen in time serves its connection itself, with that
+/// daemon as its child: a lost shepherd there sweeps its strays, never the daemon (nor
+/// the execs other connections run through it).
+#[test]
+fn a_relay_serving_itself_never_sweeps_the_daemon_it_started() {
+    let inst = Instance::new();
+    let watcher = inst.clone();
+    // The new daemon is stopped until the relay gives up on it (3 s), then let go.
+    let stopper = thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(&d) = watcher.daemons().first() {
+                let _ = Command::new("kill")
+                    .args(["-STOP", &d.to_string()])
+                    .status();
+                return Some(d);
+            }
+        }
+        None
+    });
+    let mut relay = Helper::start_cmd(inst.clone(), inst.command());
+    let daemon = stopper.join().unwrap().expect("the relay started a daemon");
+    assert!(!relay.hello.durable, "the relay did not serve itself");
+    let _ = Command::new("kill")
+        .args(["-CONT", &daemon.to_string()])
+        .status();
+    let daemon_start = assert_alive(daemon);
+    let mut other = Helper::start_cmd(inst.clone(), inst.command());
+    assert!(other.hello.durable);
+    let victim = other.spawn(1, &sh("exec sleep 98783")).unwrap();
+    let victim_start = assert_alive(victim);
+    // An exec of the self-serving relay kills its shepherd: a sweep.
+    if relay.spawn(1, &sh("kill -9 $PPID; sleep 1")).is_ok() {
+        relay.wait_exit(1);
+    }
+    assert_eq!(assert_alive(daemon), daemon_start, "the daemon was swept");
+    assert_eq!(
+        assert_alive(victim),
+        victim_start,
+        "another connection's exec was swept"
+    );
+    other.send_empty(KILL, 1);
+    let _ = other.wait_exit(1);
+    inst.kill_daemons();
 }

@@ -250,7 +250,7 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
             match unpack_entry(&root, &rest, kind == tar::EntryType::Directory, mode, mtime, &mut entry) {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::debug!(path = %rest.display(), "unpacking skips an entry behind a host symlink")
+                    tracing::debug!(path = %crate::Shown(rest.display()), "unpacking skips an entry behind a host symlink")
                 }
                 Err(e) => {
                     return Err(Error::new(

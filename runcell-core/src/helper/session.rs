@@ -588,7 +588,7 @@ impl Session {
                                     logged += shown.len();
                                     tracing::debug!(
                                         "exec helper: {}",
-                                        String::from_utf8_lossy(shown).trim_end()
+                                        crate::Shown(String::from_utf8_lossy(shown).trim_end())
                                     );
                                 }
                                 unlogged =

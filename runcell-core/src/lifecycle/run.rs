@@ -558,7 +558,7 @@ async fn live_session<B: Backend>(
         HelperState::Plain => return Ok(None),
         HelperState::Ready(s) if s.dead().is_none() => return Ok(Some(s.clone())),
         HelperState::Ready(s) => {
-            tracing::info!(run = %id, "the exec helper's stream broke ({}); starting a new one", s.dead().unwrap_or_default());
+            tracing::info!(run = %id, "the exec helper's stream broke ({}); starting a new one", crate::Shown(s.dead().unwrap_or_default()));
         }
         HelperState::Untried => {}
     }

@@ -612,3 +612,33 @@ pub fn kill_and_wait(h: &mut Helper, id: u32) -> (u8, i32) {
     }
     exit.unwrap()
 }
+
+/// Compiles `src` (C) into `dir/name`; `None` where no C compiler is.
+pub fn cc(dir: &Path, name: &str, src: &str) -> Option<PathBuf> {
+    let c = dir.join(format!("{name}.c"));
+    let exe = dir.join(name);
+    fs::write(&c, src).unwrap();
+    let ok = Command::new("cc")
+        .arg("-O")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&c)
+        .status()
+        .ok()?
+        .success();
+    ok.then_some(exe)
+}
+
+/// Live (not zombie) processes whose command line starts with `prefix` (NUL-separated).
+pub fn live_pids_of(prefix: &[u8]) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|d| {
+            let pid: u32 = d.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(d.path().join("cmdline")).ok()?;
+            let (state, _) = proc_stat(pid)?;
+            (cmdline.starts_with(prefix) && state != 'Z').then_some(pid)
+        })
+        .collect()
+}
