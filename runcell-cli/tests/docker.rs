@@ -1256,6 +1256,89 @@ fn snapshots_start_and_fork_runs_and_are_removed() {
     sb.assert_nothing_left();
 }
 
+/// Images of the engine whose labels hold `label` (`key=value`).
+fn images_labelled(label: &str) -> Vec<String> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "images",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("label={label}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// A `sandbox snapshot` SIGKILLed once its commit exists (that image carries the run's
+/// env and labels): `sandbox gc` removes it, as the commit of a snapshot whose taker
+/// died; before, it stayed for good.
+#[test]
+fn a_snapshot_killed_midway_leaves_nothing_after_gc() {
+    let Some(sb) = sandbox("snapshot-killed") else {
+        return;
+    };
+    let id = sb.start(&["--env", "SECRET_ISH=1"]);
+    // Enough to change that the commit stands a while before the snapshot's own image.
+    let script =
+        "head -c 30000000 /dev/urandom > /usr/local/big; head -c 30000000 /dev/urandom > big";
+    assert_eq!(run_out(sb.exec_cmd(&id, &[], &["sh", "-c", script])), "");
+    let of = format!("sandbox.dev/snapshot-of={id}");
+    let mut killed_midway = false;
+    for _ in 0..5 {
+        let mut taker = sb
+            .cmd(&["snapshot", &id])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if !images_labelled(&of).is_empty() {
+                break;
+            }
+            if taker.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = taker.kill();
+        let status = taker.wait().unwrap();
+        if !status.success() && !images_labelled("sandbox.dev/snapshot-commit").is_empty() {
+            killed_midway = true;
+            break;
+        }
+        // Done before the kill: remove it and try again.
+        let out = run(sb.cmd(&["gc", "--label", &sb.selector()]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        for snap in images_labelled(&of) {
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", &snap])
+                .output();
+        }
+    }
+    assert!(
+        killed_midway,
+        "no try killed the snapshot while its commit stood"
+    );
+    let out = run(sb.cmd(&["gc", "--label", &sb.selector()]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("snap-") || text(&out.stderr).contains("snap-"),
+        "gc said nothing of the snapshot: {} {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let left = images_labelled(&of);
+    assert!(
+        left.is_empty(),
+        "images of the killed snapshot left: {left:?}"
+    );
+    run(sb.cmd(&["stop", &id]));
+    sb.assert_nothing_left();
+}
+
 /// A command's stdout, after checking it exited 0.
 fn run_out(cmd: std::process::Command) -> String {
     let out = run(cmd);

@@ -26,7 +26,9 @@ use bollard::query_parameters::{
     RemoveImageOptionsBuilder,
 };
 use futures::StreamExt;
-use runcell_core::snapshot_labels::{SNAPSHOT_ID, SNAPSHOT_WORKSPACE};
+use runcell_core::snapshot_labels::{
+    SNAPSHOT_ID, SNAPSHOT_OWNER_HOST, SNAPSHOT_OWNER_PID, SNAPSHOT_OWNER_START, SNAPSHOT_WORKSPACE,
+};
 use runcell_core::{Error, ErrorKind, Result, Snapshot, ca, labels};
 use sha2::{Digest, Sha256};
 
@@ -38,6 +40,10 @@ use crate::error;
 /// prune of dangling images never takes one (`docker image prune -a` does, when no run
 /// uses it).
 const REPOSITORY: &str = "runcell-snapshot";
+/// On a commit made for a snapshot: the snapshot's id.
+const COMMIT_LABEL: &str = "sandbox.dev/snapshot-commit";
+/// On a listed snapshot (never on an image): a commit its dead taker left, to remove.
+pub const PARTIAL_LABEL: &str = "sandbox.dev/snapshot-partial";
 /// Labels with the base image and the size (Docker labels take any value).
 const BASE_LABEL: &str = "sandbox.dev/snapshot-base";
 const SIZE_LABEL: &str = "sandbox.dev/snapshot-size";
@@ -134,9 +140,21 @@ impl DockerDriver {
             .await
             .map_err(|e| error::map("inspect image", e).with("image", &base_id))?;
 
+        // The commit carries the snapshot's labels, owned by this process whatever the
+        // snapshot will be, and a mark of its own: should this process die before the
+        // commit is removed, `reap` finds it (see `list_snapshot_images`).
+        let mut commit_labels = labels.clone();
+        let me = labels::Owner::current();
+        commit_labels.insert(SNAPSHOT_OWNER_HOST.into(), me.host);
+        commit_labels.insert(SNAPSHOT_OWNER_PID.into(), me.pid.to_string());
+        commit_labels.insert(SNAPSHOT_OWNER_START.into(), me.start.to_string());
+        commit_labels.insert(SNAPSHOT_WORKSPACE.into(), workspace.clone());
+        commit_labels.insert(COMMIT_LABEL.into(), snapshot_id_of(labels)?);
+        let changes = label_instruction(&commit_labels)?;
         let options = CommitContainerOptionsBuilder::default()
             .container(id)
             .pause(false)
+            .changes(&changes)
             .build();
         let committed = slow
             .commit_container(options, bollard::models::ContainerConfig::default())
@@ -165,10 +183,7 @@ impl DockerDriver {
         all_labels.insert(SNAPSHOT_WORKSPACE.into(), workspace.clone());
         all_labels.insert(BASE_LABEL.into(), base_name.clone());
         all_labels.insert(SIZE_LABEL.into(), size.to_string());
-        let snapshot_id = labels
-            .get(SNAPSHOT_ID)
-            .cloned()
-            .ok_or_else(|| backend("snapshot labels without an id"))?;
+        let snapshot_id = snapshot_id_of(labels)?;
         let tag = format!("{REPOSITORY}:{snapshot_id}");
         let ((layer_file, digest), layer_len) = (layer, layer_bytes);
         // Docker loads an archive that names the layers it holds without carrying them;
@@ -438,6 +453,10 @@ impl DockerDriver {
         .map_err(|e| backend(format!("snapshot: reading the image's archive: {e}")))?
     }
 
+    /// Every snapshot, and the commits of snapshots whose taker died before it removed
+    /// them (untagged, marked [`COMMIT_LABEL`], their owner gone: listed with
+    /// [`PARTIAL_LABEL`] so that `reap` removes them; one of a live owner is a snapshot
+    /// being taken, and not listed).
     pub(crate) async fn list_snapshot_images(&self) -> Result<Vec<Snapshot>> {
         // One label filter: Podman 4.3 answers none to two (the other is checked here).
         let filters =
@@ -465,7 +484,15 @@ impl DockerDriver {
                 // Podman names a loaded image's short name under `localhost/`.
                 let ours = |t: &String| t == &tag || t.strip_prefix("localhost/") == Some(&tag);
                 if !i.repo_tags.iter().any(ours) {
-                    return None;
+                    if labels.get(COMMIT_LABEL) != labels.get(SNAPSHOT_ID) {
+                        return None;
+                    }
+                    let mut left = labels.clone();
+                    left.insert(PARTIAL_LABEL.into(), "true".into());
+                    let base = labels.get(BASE_LABEL).cloned().unwrap_or_default();
+                    let snapshot = Snapshot::from_labels(&left, i.id, base, 0)?;
+                    let gone = snapshot.owner().and_then(|o| o.is_alive()) == Some(false);
+                    return gone.then_some(snapshot);
                 }
                 let base = labels.get(BASE_LABEL).cloned().unwrap_or_default();
                 let size = labels
@@ -490,6 +517,19 @@ impl DockerDriver {
         let Some(snapshot) = self.find_snapshot(id).await? else {
             return Ok(());
         };
+        if snapshot.labels.contains_key(PARTIAL_LABEL) {
+            // What a dead taker left: its commit, by ID (no run uses it).
+            let options = RemoveImageOptionsBuilder::default().force(false).build();
+            return match self
+                .docker
+                .remove_image(&snapshot.image, Some(options), None)
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if error::status(&e) == Some(404) => Ok(()),
+                Err(e) => Err(error::map("remove image", e).with("snapshot", id)),
+            };
+        }
         let options = RemoveImageOptionsBuilder::default().force(false).build();
         let tag = format!("{REPOSITORY}:{id}");
         match self.docker.remove_image(&tag, Some(options), None).await {
@@ -533,6 +573,9 @@ impl DockerDriver {
             .with_field("from_snapshot")
         };
         let found = self.find_snapshot(id).await?.ok_or_else(gone)?;
+        if found.labels.contains_key(PARTIAL_LABEL) {
+            return Err(gone());
+        }
         if found.image != image {
             return Err(gone());
         }
@@ -772,6 +815,30 @@ fn append_entry(
         out.write_all(h.as_bytes()).map_err(&wrap)?;
     }
     write_data(out, data)
+}
+
+/// The snapshot id among its labels.
+fn snapshot_id_of(labels: &BTreeMap<String, String>) -> Result<String> {
+    labels
+        .get(SNAPSHOT_ID)
+        .cloned()
+        .ok_or_else(|| backend("snapshot labels without an id"))
+}
+
+/// A Dockerfile `LABEL` instruction setting `labels` (keys and values quoted as JSON
+/// strings, which the instruction's parser reads).
+fn label_instruction(labels: &BTreeMap<String, String>) -> Result<String> {
+    let mut out = String::from("LABEL");
+    for (k, v) in labels {
+        let quoted = |t: &str| {
+            serde_json::to_string(t).map_err(|e| backend("snapshot: a label").with_source(e))
+        };
+        out.push(' ');
+        out.push_str(&quoted(k)?);
+        out.push('=');
+        out.push_str(&quoted(v)?);
+    }
+    Ok(out)
 }
 
 /// The layers named in `archive`'s `manifest.json` (an image archive as engines write
