@@ -30,8 +30,17 @@ enum Task {
     /// Installs docker.io and busybox-static first when missing (Debian, as root).
     Demo,
     /// Measure the exec paths side by side (helper, plain, raw Engine API), throughput,
-    /// run start and memory, on Docker and then on the Kubernetes test cluster.
-    Bench,
+    /// run start and memory, on Docker and then on the Kubernetes test cluster; or, with
+    /// `scale [N,N,...] [busy secs]`, what each of many runs costs on Docker.
+    Bench {
+        /// `scale`: the scale ladder (default 50,200,500, busy 60 s).
+        #[arg(value_parser = ["scale"])]
+        what: Option<String>,
+        /// The ladder's N, comma-separated.
+        ladder: Option<String>,
+        /// Seconds each N is kept busy.
+        busy_secs: Option<u64>,
+    },
     /// Build the local test images (no registry needed).
     TestImages,
     /// Start the test Podman services (Docker-compatible API; rootful, and rootless as
@@ -91,7 +100,32 @@ fn run(task: Task) -> Result<()> {
             cargo(&["build", "--quiet", "-p", "runcell-cli"], &[])?;
             demo::run()
         }
-        Task::Bench => {
+        Task::Bench {
+            what: Some(_),
+            ladder,
+            busy_secs,
+        } => {
+            engine::ensure_docker()?;
+            images::build()?;
+            let ladder = ladder.unwrap_or_else(|| "50,200,500".into());
+            let busy = busy_secs.unwrap_or(60).to_string();
+            let scale = [
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "runcell-bench",
+                "--bin",
+                "scale",
+                "--",
+                "docker",
+            ];
+            cargo(
+                &[&scale[..], &[ladder.as_str(), busy.as_str()]].concat(),
+                &[],
+            )
+        }
+        Task::Bench { what: None, .. } => {
             engine::ensure_docker()?;
             images::build()?;
             // The CLI arm runs the release `sandbox` beside the bench binary.
@@ -226,6 +260,23 @@ fn run(task: Task) -> Result<()> {
                 &session_env,
                 &value,
             ))?;
+            // The scale bench at a small N (its numbers in the log; the full ladder is
+            // `cargo xtask bench scale`): it fails on a failed start or stop, or a run left.
+            cargo(
+                &[
+                    "run",
+                    "--quiet",
+                    "-p",
+                    "runcell-bench",
+                    "--bin",
+                    "scale",
+                    "--",
+                    "docker",
+                    "30",
+                    "15",
+                ],
+                &[],
+            )?;
             let podman_suite = suites_of(suites::Phase::Podman, &targets, &session_env, &value);
             // The cluster goes down again whatever happened, unless asked to stay.
             let (podman_result, k8s_result) = std::thread::scope(|scope| {
