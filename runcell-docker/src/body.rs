@@ -13,6 +13,12 @@ pub(crate) const WORKSPACE_LABEL: &str = "sandbox.dev/workspace";
 /// The container create body for a run. `labels` are the run's full labels (the
 /// library's and the caller's). Pure: snapshotted in tests.
 pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> ContainerCreateBody {
+    // A run from a snapshot finds its workspace in the snapshot's image: kept in the
+    // container's own filesystem (copy on write: nothing is copied at create, so forks
+    // start as fast as any run), unless that filesystem is read-only.
+    let workspace_in_image = spec.from_snapshot.is_some()
+        && spec.workspace.host_dir.is_none()
+        && !spec.security.read_only_rootfs;
     let mut mounts = vec![match &spec.workspace.host_dir {
         // Docker takes no `nosuid`/`nodev` on a bind (20.10 refuses the flags in `Binds`,
         // `BindOptions` has none): the driver defuses the host directory once the
@@ -30,6 +36,9 @@ pub fn container_body(spec: &RunSpec, labels: &BTreeMap<String, String>) -> Cont
             ..Default::default()
         },
     }];
+    if workspace_in_image {
+        mounts.clear();
+    }
     // The exec helper's place (core uploads it after start): a volume is writable under a
     // read-only root, executable, and removed with the container.
     mounts.push(Mount {
@@ -137,6 +146,24 @@ mod tests {
 
     fn labels(spec: &RunSpec) -> BTreeMap<String, String> {
         runcell_core::labels::fixed_for_snapshots(&spec.labels, spec.ttl)
+    }
+
+    #[test]
+    fn a_run_from_a_snapshot_keeps_its_workspace_in_the_image_unless_read_only() {
+        let targets = |spec: &RunSpec| -> Vec<String> {
+            let body = container_body(spec, &labels(spec));
+            let mounts = body.host_config.and_then(|h| h.mounts).unwrap_or_default();
+            mounts.into_iter().filter_map(|m| m.target).collect()
+        };
+        let mut spec = RunSpec::new("sha256:0123");
+        spec.from_snapshot = Some("snap-0123456789abcdef".into());
+        assert_eq!(targets(&spec), [runcell_core::HELPER_DIR]);
+        spec.security.read_only_rootfs = true;
+        assert_eq!(targets(&spec), ["/workspace", runcell_core::HELPER_DIR]);
+        assert_eq!(
+            targets(&RunSpec::new("busybox")),
+            ["/workspace", runcell_core::HELPER_DIR]
+        );
     }
 
     #[test]

@@ -471,46 +471,36 @@ impl DockerDriver {
             .map_err(|e| error::map("list images", e))?;
         Ok(images
             .into_iter()
-            .filter_map(|i| {
-                let labels: BTreeMap<String, String> = i.labels.into_iter().collect();
-                if labels.get(labels::MANAGED_BY).map(String::as_str)
-                    != Some(labels::MANAGED_BY_VALUE)
-                {
-                    return None;
-                }
-                // Ours only if tagged as ours: an image of a run from a snapshot that
-                // someone committed carries the labels too.
-                let tag = format!("{REPOSITORY}:{}", labels.get(SNAPSHOT_ID)?);
-                // Podman names a loaded image's short name under `localhost/`.
-                let ours = |t: &String| t == &tag || t.strip_prefix("localhost/") == Some(&tag);
-                if !i.repo_tags.iter().any(ours) {
-                    if labels.get(COMMIT_LABEL) != labels.get(SNAPSHOT_ID) {
-                        return None;
-                    }
-                    let mut left = labels.clone();
-                    left.insert(PARTIAL_LABEL.into(), "true".into());
-                    let base = labels.get(BASE_LABEL).cloned().unwrap_or_default();
-                    let snapshot = Snapshot::from_labels(&left, i.id, base, 0)?;
-                    let gone = snapshot.owner().and_then(|o| o.is_alive()) == Some(false);
-                    return gone.then_some(snapshot);
-                }
-                let base = labels.get(BASE_LABEL).cloned().unwrap_or_default();
-                let size = labels
-                    .get(SIZE_LABEL)
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                Snapshot::from_labels(&labels, i.id, base, size)
-            })
+            .filter_map(|i| snapshot_of(i.labels.into_iter().collect(), i.id, &i.repo_tags))
             .collect())
     }
 
-    /// The snapshot `id`, `None` if there is none.
+    /// The snapshot `id`, `None` if there is none: its image by its tag (one inspect, not
+    /// a list of every image: forks and removals look up one), else (a partial one, which
+    /// has no tag) in the list.
     pub(crate) async fn find_snapshot(&self, id: &str) -> Result<Option<Snapshot>> {
-        Ok(self
-            .list_snapshot_images()
-            .await?
-            .into_iter()
-            .find(|s| s.id == id))
+        runcell_core::check_snapshot_id(id)?;
+        let tag = format!("{REPOSITORY}:{id}");
+        match self.docker.inspect_image(&tag).await {
+            Ok(image) => {
+                let labels = image
+                    .config
+                    .and_then(|c| c.labels)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+                let found = image.id.and_then(|image_id| {
+                    snapshot_of(labels, image_id, &image.repo_tags.unwrap_or_default())
+                });
+                Ok(found.filter(|s| s.id == id))
+            }
+            Err(e) if error::status(&e) == Some(404) => Ok(self
+                .list_snapshot_images()
+                .await?
+                .into_iter()
+                .find(|s| s.id == id)),
+            Err(e) => Err(error::map("inspect image", e).with("snapshot", id)),
+        }
     }
 
     pub(crate) async fn remove_snapshot_image(&self, id: &str) -> Result<()> {
@@ -815,6 +805,38 @@ fn append_entry(
         out.write_all(h.as_bytes()).map_err(&wrap)?;
     }
     write_data(out, data)
+}
+
+/// The snapshot an image is, from its labels, ID and tags: ours only if tagged as ours
+/// (an image of a run from a snapshot that someone committed carries the labels too), or
+/// the commit of a snapshot whose taker died (see `list_snapshot_images`).
+fn snapshot_of(
+    labels: BTreeMap<String, String>,
+    image: String,
+    tags: &[String],
+) -> Option<Snapshot> {
+    if labels.get(labels::MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY_VALUE) {
+        return None;
+    }
+    let tag = format!("{REPOSITORY}:{}", labels.get(SNAPSHOT_ID)?);
+    // Podman names a loaded image's short name under `localhost/`.
+    let ours = |t: &String| t == &tag || t.strip_prefix("localhost/") == Some(&tag);
+    let base = labels.get(BASE_LABEL).cloned().unwrap_or_default();
+    if !tags.iter().any(ours) {
+        if labels.get(COMMIT_LABEL) != labels.get(SNAPSHOT_ID) {
+            return None;
+        }
+        let mut left = labels.clone();
+        left.insert(PARTIAL_LABEL.into(), "true".into());
+        let snapshot = Snapshot::from_labels(&left, image, base, 0)?;
+        let gone = snapshot.owner().and_then(|o| o.is_alive()) == Some(false);
+        return gone.then_some(snapshot);
+    }
+    let size = labels
+        .get(SIZE_LABEL)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Snapshot::from_labels(&labels, image, base, size)
 }
 
 /// The snapshot id among its labels.

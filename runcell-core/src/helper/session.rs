@@ -578,6 +578,10 @@ impl Session {
                             dispatch(&table, kind, id, payload)?;
                             buf.advance(n);
                         }
+                        // A run keeps no buffer sized by its largest frame while idle.
+                        if buf.is_empty() && buf.capacity() > 2 * proto::CHUNK {
+                            buf = BytesMut::new();
+                        }
                         match output.next().await {
                             Some(Ok(OutputChunk::Stdout(b))) => buf.extend_from_slice(&b),
                             Some(Ok(OutputChunk::Lost(_))) => {}
