@@ -389,6 +389,9 @@ struct Table {
     dead: Option<String>,
     /// When the unanswered `PING` was sent.
     ping: Option<Instant>,
+    /// When the last frame came: a helper heard from within [`PING_INTERVAL`] is not
+    /// pinged (a busy run's stream carries no pings; an idle one's does).
+    heard: Option<Instant>,
 }
 
 /// One live helper. Dropping it closes the stream: the helper kills what it started and
@@ -641,6 +644,9 @@ impl Session {
                         let mut table = lock(&table);
                         match table.ping {
                             Some(sent) => sent.elapsed() >= PING_TIMEOUT,
+                            None if table.heard.is_some_and(|t| t.elapsed() < PING_INTERVAL) => {
+                                false
+                            }
                             None => {
                                 table.ping = Some(Instant::now());
                                 let _ = frames.send(Enc::frame(proto::PING, 0).finish());
@@ -1144,6 +1150,7 @@ fn dispatch(
     let bad = || format!("the helper sent a malformed frame (kind {kind})");
     let mut d = Dec::new(payload);
     let mut table = lock(table);
+    table.heard = Some(Instant::now());
     // Output or an end for an id whose `STARTED`/`ATTACHED` has not come is what the
     // helper still sent to an earlier reader of the same exec on this connection (one
     // that let go of it): not this reader's, dropped.
