@@ -163,7 +163,14 @@ struct State {
     creating: usize,
     goal: usize,
     stats: PoolStats,
+    /// When a listing last found no other process's target ready: within
+    /// [`FOREIGN_EMPTY_FOR`] of it a miss lists no more (a list is O(every container) on
+    /// the engine, and a pool drained by a burst of claims misses on each).
+    foreign_empty_at: Option<Instant>,
 }
+
+/// How long an empty listing of other processes' ready targets is believed.
+const FOREIGN_EMPTY_FOR: Duration = Duration::from_secs(1);
 
 struct Inner {
     driver: Arc<dyn Driver>,
@@ -417,8 +424,15 @@ impl Pool {
         // spread out), and list again while claims were lost, since a list is only a
         // snapshot: the pool is empty when a listing shows nothing not yet tried.
         let mut tried = BTreeSet::new();
-        'listing: while tried.len() < MAX_FOREIGN_TRIES {
+        let believed_empty = inner
+            .state()
+            .foreign_empty_at
+            .is_some_and(|at| at.elapsed() < FOREIGN_EMPTY_FOR);
+        'listing: while !believed_empty && tried.len() < MAX_FOREIGN_TRIES {
             let mut listed = protocol(&*inner.driver)?.pool_ready(&inner.key).await?;
+            if listed.is_empty() {
+                inner.state().foreign_empty_at = Some(Instant::now());
+            }
             listed.retain(|id| !tried.contains(id));
             if listed.is_empty() {
                 break;
