@@ -51,6 +51,15 @@ pub async fn a_snapshot_starts_runs_with_its_files_and_nothing_else(
             "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.t; mv /tmp/count.t /tmp/count; sleep 0.05; done",
         ]))
         .await?;
+    // The counter is under way (a loaded engine may start it late).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sh_stdout(&*source, "cat /tmp/count 2>/dev/null || echo 0").await? == "0" {
+        ensure!(
+            Instant::now() < deadline,
+            "the counter counted nothing in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let snapshot = source
         .snapshot(SnapshotOptions::default().name("suite"))
         .await
@@ -164,7 +173,19 @@ pub async fn a_snapshot_of_files_being_written_has_each_whole(cx: &Context) -> a
              echo $i > /usr/local/w/.t; mv /usr/local/w/.t /usr/local/w/$i; done",
         ]))
         .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The writer is under way (a loaded engine may start it late).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sh_stdout(&*source, "ls w 2>/dev/null | wc -l")
+        .await?
+        .parse::<u64>()?
+        < 3
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the writer wrote nothing in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let snapshot = source.snapshot(SnapshotOptions::default()).await?;
     let at = sh_stdout(&*source, "ls w | sort -n | tail -1").await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
