@@ -8,7 +8,10 @@
 //! the exit code to stderr (`\0\0sbx-exit:<nonce>:<code>\0`). The driver strips it and
 //! reports the code at once: on containerd a background child that keeps stdout open
 //! would otherwise hold the exec open until it exits (kubernetes#92057). Output that
-//! follows the trailer is still read for [`AFTER_EXIT_BOUND`].
+//! follows the trailer is still read while it flows: until [`AFTER_EXIT_BOUND`] passes
+//! without any, for at most [`AFTER_EXIT_CAP`]. (The command's own output may still be
+//! on its way when its trailer arrives on the other channel: with a reader slower than
+//! the stream, a fixed bound cut 3 MiB off a 256 MiB archive.)
 //!
 //! The nonce is a fresh random value per exec that exists only in the header (a literal
 //! of the wrapper's script, read from stdin): it is in no environment, argv or URL, so the
@@ -337,22 +340,39 @@ impl RawStatus for K8sStatus {
     }
 }
 
-/// How long output is still read after the command exited (its trailer arrived), for
-/// what background children or buffered pipes still deliver.
+/// How long output may pause after the command exited (its trailer arrived) before the
+/// exec's output is taken as over (a background child holding the stream open).
 pub const AFTER_EXIT_BOUND: Duration = Duration::from_secs(2);
+/// How long output is read at most after the command exited (a background child that
+/// keeps printing).
+pub const AFTER_EXIT_CAP: Duration = Duration::from_secs(30);
 
 type Output = futures::stream::BoxStream<'static, std::io::Result<OutputChunk>>;
 
 /// Forwards `output` with the trailer removed from stderr, records what it said, and ends
 /// at most [`AFTER_EXIT_BOUND`] after the trailer.
 fn strip_trailer(
+    output: Output,
+    trailer: Trailer,
+    outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
+) -> Output {
+    strip_trailer_within(output, trailer, outcome, AFTER_EXIT_BOUND, AFTER_EXIT_CAP)
+}
+
+/// [`strip_trailer`] with its bounds after the trailer: `pause` without output, `cap` in
+/// all (the time the reader takes counts for neither: a pause is measured from the last
+/// chunk handed over).
+fn strip_trailer_within(
     mut output: Output,
     mut trailer: Trailer,
     outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
+    pause: Duration,
+    cap: Duration,
 ) -> Output {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<OutputChunk>>(4);
     tokio::spawn(async move {
         let mut deadline: Option<tokio::time::Instant> = None;
+        let mut until: Option<tokio::time::Instant> = None;
         loop {
             let next = match deadline {
                 None => output.next().await,
@@ -367,7 +387,9 @@ fn strip_trailer(
                     let (forward, found) = trailer.scan(&b);
                     if let Some(found) = found {
                         *outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
-                        deadline = Some(tokio::time::Instant::now() + AFTER_EXIT_BOUND);
+                        let now = tokio::time::Instant::now();
+                        until = Some(now + cap);
+                        deadline = Some(now + pause.min(cap));
                     }
                     if forward.is_empty() {
                         continue;
@@ -378,6 +400,9 @@ fn strip_trailer(
             };
             if tx.send(item).await.is_err() {
                 return;
+            }
+            if let Some(until) = until {
+                deadline = Some((tokio::time::Instant::now() + pause).min(until));
             }
         }
         let rest = trailer.flush();
@@ -526,6 +551,57 @@ pub fn status_to_exit(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Output after the trailer is read while it flows, however slow its reader, and no
+    /// longer than the cap; a pause ends it.
+    #[tokio::test]
+    async fn output_after_the_trailer_is_read_while_it_flows() {
+        let chunks = |rest: Vec<(u64, &'static [u8])>| -> Output {
+            let head = futures::stream::iter([Ok(OutputChunk::Stderr(bytes::Bytes::from_static(
+                b"\0\0sbx-exit:n1:0\0",
+            )))]);
+            let tail = futures::stream::iter(rest).then(|(ms, b)| async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(OutputChunk::Stdout(bytes::Bytes::from_static(b)))
+            });
+            head.chain(tail).chain(futures::stream::pending()).boxed()
+        };
+        let read = |output: Output, reader_ms: u64| async move {
+            let outcome = Arc::new(std::sync::Mutex::new(None));
+            let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
+            let mut out = strip_trailer_within(output, Trailer::new("n1"), outcome, pause, cap);
+            let (mut got, started) = (Vec::new(), tokio::time::Instant::now());
+            while let Some(Ok(chunk)) = out.next().await {
+                if let OutputChunk::Stdout(b) = chunk {
+                    got.extend_from_slice(&b);
+                }
+                // A slow reader: it takes longer per chunk than the pause.
+                tokio::time::sleep(Duration::from_millis(reader_ms)).await;
+            }
+            (got, started.elapsed())
+        };
+        // Ten chunks 200 ms apart, read at 500 ms each: all of them.
+        let (got, _) = read(chunks(vec![(200, b"x"); 10]), 500).await;
+        assert_eq!(got, b"xxxxxxxxxx");
+        // A pause longer than the bound ends it.
+        let (got, took) = read(chunks(vec![(100, b"a"), (100, b"b"), (1000, b"late")]), 0).await;
+        assert_eq!(got, b"ab");
+        assert!(took < Duration::from_millis(900), "{took:?}");
+        // Nothing after the trailer (a silent background child holds the stream): the
+        // pause ends it.
+        let (got, took) = read(chunks(vec![]), 0).await;
+        assert!(
+            got.is_empty() && took < Duration::from_millis(900),
+            "{took:?}"
+        );
+        // A stream that never stops ends at the cap.
+        let (got, took) = read(chunks(vec![(100, b"y"); 100]), 0).await;
+        assert!(
+            got.len() < 40 && took < Duration::from_secs(4),
+            "{} {took:?}",
+            got.len()
+        );
+    }
 
     #[test]
     fn an_exec_into_a_container_that_stopped_is_a_lost_run() {
