@@ -182,10 +182,21 @@ impl Backend for DockerDriver {
         let (answer, wait) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let made = this.snapshot_container(&id, &labels).await;
-            if let Err(Ok(snapshot)) = answer.send(made)
-                && let Err(e) = this.remove_snapshot_image(&snapshot.id).await
-            {
-                tracing::warn!(snapshot = %snapshot.id, "removing a snapshot nobody waits for: {e}");
+            if let Err(Ok(snapshot)) = answer.send(made) {
+                // Tried a few times: Podman answers 500 ("image not known") to a lookup
+                // while another image is being removed.
+                for attempt in 1..=5 {
+                    match this.remove_snapshot_image(&snapshot.id).await {
+                        Ok(()) => break,
+                        Err(e) if attempt == 5 => {
+                            tracing::warn!(snapshot = %snapshot.id, "removing a snapshot nobody waits for: {e}");
+                        }
+                        Err(e) => {
+                            tracing::debug!(snapshot = %snapshot.id, "removing a snapshot nobody waits for (will retry): {e}");
+                            tokio::time::sleep(std::time::Duration::from_secs(attempt)).await;
+                        }
+                    }
+                }
             }
         });
         wait.await.map_err(|_| {
