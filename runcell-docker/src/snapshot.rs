@@ -246,32 +246,23 @@ impl DockerDriver {
         // the root (`workspace/...`); the workspace and its ancestors are kept from it.
         let slow = self.docker.clone().with_timeout(SLOW);
         let raw = crate::files::get_archive(&slow, id, &format!("/{top}")).await?;
-        let mut spool = tempfile::tempfile().map_err(io("a temporary file"))?;
-        {
-            let mut stream = runcell_core::files::checked_tar_stream(raw);
-            let mut out =
-                tokio::fs::File::from_std(spool.try_clone().map_err(io("a temporary file"))?);
-            let mut total = 0u64;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(io("reading the workspace"))?;
-                total += chunk.len() as u64;
-                if total > MAX_WORKSPACE_BYTES {
-                    return Err(Error::unsupported(
-                        "snapshot",
-                        format!(
-                            "/{top} holds more than {} GiB (sparse files count whole): too big for a snapshot",
-                            MAX_WORKSPACE_BYTES >> 30
-                        ),
-                    ));
-                }
-                tokio::io::AsyncWriteExt::write_all(&mut out, &chunk)
-                    .await
-                    .map_err(io("spooling the workspace"))?;
-            }
-            tokio::io::AsyncWriteExt::flush(&mut out)
-                .await
-                .map_err(io("spooling the workspace"))?;
-        }
+        let too_big = || {
+            Error::unsupported(
+                "snapshot",
+                format!(
+                    "/{top} holds more than {} GiB (sparse files count whole): too big for a snapshot",
+                    MAX_WORKSPACE_BYTES >> 30
+                ),
+            )
+        };
+        let stream = runcell_core::files::checked_tar_stream(raw);
+        let mut spool = spool(
+            stream,
+            MAX_WORKSPACE_BYTES,
+            io("reading the workspace"),
+            too_big,
+        )
+        .await?;
         let extra = self.ca_extra(id).await?;
         let prefix = workspace
             .trim_start_matches('/')
@@ -419,32 +410,18 @@ impl DockerDriver {
     /// the image's order. The archive is spooled to the host's disk (capped).
     async fn layers_of(&self, id: &str) -> Result<(std::fs::File, Vec<String>)> {
         let slow = self.docker.clone().with_timeout(SLOW);
-        let mut raw = slow.export_image(id);
-        let mut spool = tempfile::tempfile().map_err(io("a temporary file"))?;
-        {
-            let mut out =
-                tokio::fs::File::from_std(spool.try_clone().map_err(io("a temporary file"))?);
-            let mut total = 0u64;
-            while let Some(chunk) = raw.next().await {
-                let chunk = chunk.map_err(|e| error::map("export image", e).with("image", id))?;
-                total += chunk.len() as u64;
-                if total > MAX_IMAGE_BYTES {
-                    return Err(Error::unsupported(
-                        "snapshot",
-                        format!(
-                            "the image of the run's changes is over {} GiB: too big for a snapshot",
-                            MAX_IMAGE_BYTES >> 30
-                        ),
-                    ));
-                }
-                tokio::io::AsyncWriteExt::write_all(&mut out, &chunk)
-                    .await
-                    .map_err(io("spooling the image"))?;
-            }
-            tokio::io::AsyncWriteExt::flush(&mut out)
-                .await
-                .map_err(io("spooling the image"))?;
-        }
+        let raw = slow.export_image(id);
+        let read = |e| error::map("export image", e).with("image", id);
+        let too_big = || {
+            Error::unsupported(
+                "snapshot",
+                format!(
+                    "the image of the run's changes is over {} GiB: too big for a snapshot",
+                    MAX_IMAGE_BYTES >> 30
+                ),
+            )
+        };
+        let mut spool = spool(raw, MAX_IMAGE_BYTES, read, too_big).await?;
         tokio::task::spawn_blocking(move || {
             spool.rewind().map_err(io("spooling the image"))?;
             keep_layers(spool)
@@ -820,6 +797,34 @@ fn snapshot_of(
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     Snapshot::from_labels(&labels, image, base, size)
+}
+
+/// `stream` written to a temporary file (not rewound), at most `cap` bytes (past it,
+/// `too_big`); a read error mapped by `read`.
+async fn spool<E>(
+    stream: impl futures::Stream<Item = std::result::Result<bytes::Bytes, E>>,
+    cap: u64,
+    read: impl Fn(E) -> Error,
+    too_big: impl Fn() -> Error,
+) -> Result<std::fs::File> {
+    let spool = tempfile::tempfile().map_err(io("a temporary file"))?;
+    let mut out = tokio::fs::File::from_std(spool.try_clone().map_err(io("a temporary file"))?);
+    let mut stream = std::pin::pin!(stream);
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(&read)?;
+        total += chunk.len() as u64;
+        if total > cap {
+            return Err(too_big());
+        }
+        tokio::io::AsyncWriteExt::write_all(&mut out, &chunk)
+            .await
+            .map_err(io("spooling to a temporary file"))?;
+    }
+    tokio::io::AsyncWriteExt::flush(&mut out)
+        .await
+        .map_err(io("spooling to a temporary file"))?;
+    Ok(spool)
 }
 
 /// The snapshot id among its labels.
