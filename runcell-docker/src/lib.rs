@@ -120,7 +120,7 @@ impl DockerDriver {
             .attach(true)
             .system_trust_store(true)
             .pool(true)
-            .snapshots(true)
+            .snapshots(!self.podman)
     }
 }
 

@@ -108,6 +108,16 @@ impl DockerDriver {
         id: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<Snapshot> {
+        if self.podman {
+            // Podman's archive of a workspace whose files are renamed while it is read
+            // may lack a whole directory, and says nothing (the suite's
+            // a_snapshot_of_files_being_written_has_each_whole, 1 try in 3): a snapshot
+            // that silently lost files is worse than none. The rest (export, load) works.
+            return Err(Error::unsupported(
+                "snapshot",
+                "snapshots on Podman are not supported yet (its archive of a changing workspace can lose files)",
+            ));
+        }
         let docker = &self.docker;
         // The commit, the workspace's read and the load take as long as the changes are
         // big: not the client's per-request timeout.

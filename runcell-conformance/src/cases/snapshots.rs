@@ -190,8 +190,12 @@ pub async fn a_snapshot_of_files_being_written_has_each_whole(cx: &Context) -> a
     let at = sh_stdout(&*source, "ls w | sort -n | tail -1").await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = sh_stdout(&*source, "ls w | sort -n | tail -1").await?;
+    let number = |t: &str| {
+        t.parse::<u64>()
+            .with_context(|| format!("not a number: {t:?}"))
+    };
     ensure!(
-        after.parse::<u64>()? > at.parse::<u64>()?,
+        number(&after)? > number(&at)?,
         "the source's writer stopped ({at} -> {after})"
     );
     drop(writer);
@@ -208,7 +212,10 @@ pub async fn a_snapshot_of_files_being_written_has_each_whole(cx: &Context) -> a
         .strip_prefix("n=")
         .and_then(|r| r.split_once(" m="))
         .context(last.clone())?;
-    let (n, m): (u64, u64) = (n.parse()?, m.parse()?);
+    let (n, m) = (
+        number(n).with_context(|| seen.clone())?,
+        number(m).with_context(|| seen.clone())?,
+    );
     ensure!(n > 0 && m > 0, "{last}");
     run.stop().await?;
     source.stop().await?;
