@@ -25,6 +25,7 @@
 //! One mechanism on every kernel (`openat` walks; `O_PATH` needs Linux 2.6.39), rather
 //! than `openat2` where the kernel has it and a walk elsewhere: one path to test.
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::{self, File, Metadata, OpenOptions, Permissions};
@@ -32,14 +33,17 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::{self, ErrorKind, Read};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::flow::Flow;
 use crate::link::Link;
-use crate::proto::{CHUNK, DIRECTORY, Entry, FileError, HOLE_BLOCK, REGULAR, STDOUT, SYMLINK};
+use crate::proto::{
+    CHUNK, DIRECTORY, Entry, FIFO, FileError, HARDLINK, HOLE_BLOCK, MAX_GET_LINKS, REGULAR, STDOUT,
+    SYMLINK,
+};
 use crate::sys::{self, O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_NOFOLLOW, O_PATH, O_WRONLY};
 use crate::sys::{EINVAL, ELOOP, ENOENT, ENOTDIR};
 use crate::{HEADER, data_frame, file_error_kind};
@@ -336,6 +340,66 @@ impl Put {
                     self.file = Some(pf);
                 }
             }
+            HARDLINK => {
+                no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
+                // The file linked to: a path of this PUT's tree, reached from the base
+                // without following anything; only a regular file.
+                let target = &e.link;
+                let valid = !target.is_empty()
+                    && target
+                        .split(|&b| b == b'/')
+                        .all(|c| !c.is_empty() && c != b"." && c != b"..");
+                if !valid {
+                    return Err(err(FileError::Invalid, "invalid hard link target"));
+                }
+                let tparts: Vec<&[u8]> = target.split(|&b| b == b'/').collect();
+                let (tlast, tparents) = tparts.split_last().expect("a valid path");
+                let mut tdir = base.try_clone().map_err(io_err)?;
+                for p in tparents {
+                    let n = cstr(p).map_err(io_err)?;
+                    tdir = open_in(&tdir, &n, O_PATH | O_DIRECTORY).map_err(io_err)?;
+                }
+                let tname = cstr(tlast).map_err(io_err)?;
+                let (tmp, ()) = create_temp(|t| sys::linkat(tdir.as_fd(), &tname, dir.as_fd(), t))
+                    .map_err(io_err)?;
+                let regular = open_in(&dir, &tmp, O_PATH)
+                    .and_then(|f| f.metadata())
+                    .map(|m| m.is_file());
+                let placed = match regular {
+                    Ok(true) => sys::renameat(dir.as_fd(), &tmp, &name).map_err(io_err),
+                    Ok(false) => Err(err(
+                        FileError::Invalid,
+                        "a hard link to something that is not a regular file",
+                    )),
+                    Err(x) => Err(io_err(x)),
+                };
+                if placed.is_err() {
+                    let _ = sys::unlinkat(dir.as_fd(), &tmp);
+                }
+                placed?;
+            }
+            FIFO => {
+                no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
+                let (tmp, ()) =
+                    create_temp(|t| sys::mkfifoat(dir.as_fd(), t, 0o600)).map_err(io_err)?;
+                // Owner and mode through a descriptor of what was made (never a name
+                // that another user could have swapped for a link since).
+                let placed = open_in(&dir, &tmp, O_PATH).and_then(|f| {
+                    if !f.metadata()?.file_type().is_fifo() {
+                        return Err(io::Error::from_raw_os_error(EINVAL));
+                    }
+                    let at = format!("/proc/self/fd/{}", f.as_raw_fd());
+                    if root {
+                        std::os::unix::fs::chown(&at, Some(e.uid), Some(e.gid))?;
+                    }
+                    fs::set_permissions(&at, Permissions::from_mode(mode))?;
+                    sys::renameat(dir.as_fd(), &tmp, &name)
+                });
+                if let Err(x) = placed {
+                    let _ = sys::unlinkat(dir.as_fd(), &tmp);
+                    return Err(io_err(x));
+                }
+            }
             k => return Err(err(FileError::Invalid, &format!("unknown entry type {k}"))),
         }
         Ok(())
@@ -463,6 +527,8 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
     // (directory, name in it, path relative to the archive's root)
     let mut stack = vec![(Arc::new(parent), base.to_vec(), base.to_vec())];
     let mut first = true;
+    // Multiply-linked files sent, by (device, inode): their path.
+    let mut links: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
     while let Some((dir, name, rel)) = stack.pop() {
         let io_err = |e: &io::Error| {
             let kind = match e.raw_os_error() {
@@ -516,6 +582,17 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
                 }
                 continue;
             }
+            // Another name of a file this GET sent (what was sent: the inode of the
+            // descriptor read, not of a name looked up again).
+            let key = (md.dev(), md.ino());
+            if let Some(first) = links.get(&key) {
+                let e = entry_of(&rel, HARDLINK, &md, 0, first.clone());
+                send_entry(link, flow, id, &e)?;
+                continue;
+            }
+            if md.nlink() > 1 && links.len() < MAX_GET_LINKS {
+                links.insert(key, rel.clone());
+            }
             let size = md.len();
             send_entry(
                 link,
@@ -556,9 +633,11 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
         } else if top {
             // The path asked for is a fifo, socket or device: nothing to copy.
             return Err(not_a_file(&rel));
+        } else if ft.is_fifo() {
+            send_entry(link, flow, id, &entry_of(&rel, FIFO, &md, 0, Vec::new()))?;
         }
-        // Below a directory, other types (fifo, socket, device) have no entry type:
-        // skipped, as a file removed before it was read.
+        // Below a directory, other types (socket, device) have no entry type: skipped, as
+        // a file removed before it was read.
     }
     Ok(())
 }

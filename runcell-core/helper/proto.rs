@@ -65,8 +65,9 @@
 //! - host `PUT` (path: absolute, of the directory to write into) then `ENTRY` frames
 //!   ([`Entry`], `path` relative to that directory); a regular file's `ENTRY` is followed by
 //!   exactly `size` bytes of `STDIN` frames (same window and `STDIN_ACK` as an exec); then
-//!   `STDIN_EOF`. The helper creates directories, files and symlinks (mode; owner when it
-//!   runs as root), replaces a regular file or symlink by a file, and never replaces a
+//!   `STDIN_EOF`. The helper creates directories, files, symlinks, fifos and hard links (to
+//!   a regular file reached from the `PUT`'s directory without following a link; mode and
+//!   owner are the file's), with mode (and owner when it runs as root), replaces a regular file or symlink by a file, and never replaces a
 //!   directory by a non-directory or the reverse. It answers `DONE` or `FILE_ERROR`
 //!   ([`FileError`] kind u8, the relative path, message) for the first failure, after which
 //!   it discards the operation's remaining frames. A file is written under a temporary
@@ -83,9 +84,13 @@
 //!   when it came. A `GET` that cannot send something whole ends with `FILE_ERROR` naming
 //!   it, never with `DONE`: a file it cannot open or read, a directory it cannot list, a
 //!   file that shrank while it was read (the data already sent is then short), a path
-//!   asked for that is a fifo, socket or device. Below a directory, fifos, sockets and
-//!   devices have no entry type and are skipped, as are entries removed before they were
+//!   asked for that is a fifo, socket or device. Below a directory, sockets and devices
+//!   have no entry type and are skipped, as are entries removed before they were
 //!   read; a file that grew is sent as long as it was when its `ENTRY` was sent.
+//!   Since version 5 a `GET` keeps what an archive keeps: a named pipe below the path is a
+//!   [`FIFO`] entry, and a regular file with more than one link that the same `GET` sent
+//!   before (same device and inode) is a [`HARDLINK`] entry naming that file's path (the
+//!   first [`MAX_GET_LINKS`] such files are remembered; later ones go as copies).
 //!
 //! # Daemon, relay and durable execs (version 3; `LEAVE` since version 4)
 //! The program the host starts through the engine (`/.runcell/helper`, no argument) is a
@@ -217,7 +222,7 @@
 use std::fmt;
 
 /// Bumped on any incompatible change; the host refuses a helper of another version.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// The argument that starts the helper as the run's daemon (see the module docs).
 pub const DAEMON_ARG: &str = "--daemon";
 /// The daemon's directory, beside the helper's executable.
@@ -246,6 +251,9 @@ pub const INITIAL_CREDIT: u32 = 1024 * 1024;
 /// host never has more than one outstanding; the rest is slack for grants that cross an
 /// `ATTACH`).
 pub const MAX_CREDIT: u64 = 4 * INITIAL_CREDIT as u64;
+/// The most multiply-linked files one `GET` remembers to send their other names as
+/// [`HARDLINK`]s (then copies).
+pub const MAX_GET_LINKS: usize = 65_536;
 /// The most `GET`s one connection runs at once (a host runs fewer: each takes a thread).
 pub const MAX_GETS: usize = 128;
 /// A `PUT` leaves each whole block of zeros this large, aligned in the file, as a hole.
@@ -646,6 +654,11 @@ pub const REGULAR: u8 = 0;
 pub const DIRECTORY: u8 = 1;
 /// A symbolic link (`link` is its target).
 pub const SYMLINK: u8 = 2;
+/// (Since version 5) A hard link to a regular file of the same operation (`link` is that
+/// file's path in it, relative like `path`).
+pub const HARDLINK: u8 = 3;
+/// (Since version 5) A named pipe (no data).
+pub const FIFO: u8 = 4;
 
 /// One file-system entry of a `PUT` or `GET`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -653,7 +666,7 @@ pub struct Entry {
     /// Relative, `/`-separated, no `.`/`..`/empty components (a `GET`'s first entry is
     /// the base name of the path asked for).
     pub path: Vec<u8>,
-    /// [`REGULAR`], [`DIRECTORY`] or [`SYMLINK`].
+    /// [`REGULAR`], [`DIRECTORY`], [`SYMLINK`], [`HARDLINK`] or [`FIFO`].
     pub kind: u8,
     /// Permission bits (0o7777).
     pub mode: u32,
@@ -665,7 +678,7 @@ pub struct Entry {
     pub mtime: i64,
     /// For a regular file: the number of data bytes that follow.
     pub size: u64,
-    /// For a symlink: its target.
+    /// For a symlink: its target; for a hard link: the path of the file it links to.
     pub link: Vec<u8>,
 }
 

@@ -458,6 +458,16 @@ unsafe extern "C" {
     fn c_symlinkat(target: *const c_char, dir: c_int, path: *const c_char) -> c_int;
     #[link_name = "renameat"]
     fn c_renameat(from_dir: c_int, from: *const c_char, to_dir: c_int, to: *const c_char) -> c_int;
+    #[link_name = "linkat"]
+    fn c_linkat(
+        from_dir: c_int,
+        from: *const c_char,
+        to_dir: c_int,
+        to: *const c_char,
+        flags: c_int,
+    ) -> c_int;
+    #[link_name = "mkfifoat"]
+    fn c_mkfifoat(dir: c_int, path: *const c_char, mode: c_uint) -> c_int;
     #[link_name = "unlinkat"]
     fn c_unlinkat(dir: c_int, path: *const c_char, flags: c_int) -> c_int;
     #[link_name = "readlinkat"]
@@ -501,6 +511,33 @@ pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
     let d = dir.as_raw_fd();
     // SAFETY: NUL-terminated names that outlive the call.
     check(unsafe { c_renameat(d, from.as_ptr(), d, to.as_ptr()) }).map(drop)
+}
+
+/// `linkat(2)` without `AT_SYMLINK_FOLLOW`: `to` in `to_dir` becomes another name of
+/// what `from` in `from_dir` is (a symbolic link there is linked itself, never followed).
+pub fn linkat(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> io::Result<()> {
+    // SAFETY: NUL-terminated names that outlive the call; integer arguments.
+    check(unsafe {
+        c_linkat(
+            from_dir.as_raw_fd(),
+            from.as_ptr(),
+            to_dir.as_raw_fd(),
+            to.as_ptr(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// `mkfifoat(3)`: a named pipe `name` in `dir` (the mode less the umask).
+pub fn mkfifoat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: a NUL-terminated name that outlives the call; integer arguments.
+    check(unsafe { c_mkfifoat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
 }
 
 /// `unlinkat(2)` of a non-directory.

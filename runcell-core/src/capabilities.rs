@@ -95,6 +95,11 @@ capabilities! {
     /// Filesystem snapshots: `Run::snapshot`, `RunSpec::from_snapshot`, `DriverExt::fork`,
     /// `Driver::snapshots`, `Driver::remove_snapshot`.
     snapshots,
+    /// Snapshots of runs that have the exec helper only (the backend reads what the run
+    /// changed through it): a driver's [`crate::Driver::capabilities`] then report
+    /// `snapshots` unless the helper is off, and a run on the plain exec path refuses a
+    /// snapshot (`Unsupported`).
+    snapshots_with_helper,
     /// A claim gives the pooled target the run's own labels, owner and TTL. Without it
     /// they stay those of the pool, so a spec whose `labels` or `ttl` differ from the
     /// pool's does not match it.
@@ -124,7 +129,7 @@ impl Capabilities {
         if let Some(user) = &spec.user {
             self.check_user_name(user)?;
         }
-        if spec.from_snapshot.is_some() && !self.snapshots {
+        if spec.from_snapshot.is_some() && !(self.snapshots || self.snapshots_with_helper) {
             return unsupported("from_snapshot", "snapshots");
         }
         if spec.resources.memory_bytes.is_some() && !self.memory_limit {
@@ -253,6 +258,7 @@ mod tests {
             .system_trust_store(true)
             .pool(true)
             .snapshots(true)
+            .snapshots_with_helper(true)
             .pool_relabel(true);
         let text = format!("{caps:?}");
         assert!(

@@ -267,6 +267,17 @@ pub enum PoolState {
     Claimed,
 }
 
+/// A run's files as its exec helper reads them, for [`Backend::snapshot_target`]: paths
+/// are resolved through held descriptors, entries renamed while they are read are each
+/// whole or absent, and an archive that ends short fails.
+#[async_trait]
+pub trait RunFiles: Send + Sync {
+    /// The archive of absolute `path` (directories with everything below them: regular
+    /// files, hard links among them, directories, symbolic links, fifos), or `None` when
+    /// the run has no exec helper (the plain exec path).
+    async fn helper_archive(&self, path: &str) -> Result<Option<ByteStream>>;
+}
+
 /// What an engine supplies. Implement this; the [`crate::Driver`] comes with it.
 ///
 /// Cheap to clone (a client handle): each run keeps a clone. Method names differ from
@@ -311,14 +322,16 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
 
     /// Saves target `id`'s filesystem state as a snapshot with `labels` and
     /// [`crate::snapshot_labels::SNAPSHOT_WORKSPACE`] (see [`crate::Snapshot`]: what the
-    /// run's code changed, never what the library put there for the run). Default:
-    /// unsupported.
+    /// run's code changed, never what the library put there for the run). `run` reads
+    /// the run's files through its exec helper, where the engine has no faithful way.
+    /// Default: unsupported.
     async fn snapshot_target(
         &self,
         id: &str,
         labels: &BTreeMap<String, String>,
+        run: &dyn RunFiles,
     ) -> Result<crate::Snapshot> {
-        let _ = (id, labels);
+        let _ = (id, labels, run);
         Err(Error::unsupported(
             "snapshot",
             "this driver has no snapshots",
@@ -503,8 +516,9 @@ pub trait Layer: Clone + Send + Sync + fmt::Debug + 'static {
         &self,
         id: &str,
         labels: &BTreeMap<String, String>,
+        run: &dyn RunFiles,
     ) -> Result<crate::Snapshot> {
-        self.inner().snapshot_target(id, labels).await
+        self.inner().snapshot_target(id, labels, run).await
     }
 
     /// [`Backend::list_snapshots`]; default: the inner backend's.
@@ -611,8 +625,9 @@ impl<L: Layer> Backend for L {
         &self,
         id: &str,
         labels: &BTreeMap<String, String>,
+        run: &dyn RunFiles,
     ) -> Result<crate::Snapshot> {
-        Layer::snapshot_target(self, id, labels).await
+        Layer::snapshot_target(self, id, labels, run).await
     }
 
     async fn list_snapshots(&self) -> Result<Vec<crate::Snapshot>> {

@@ -121,6 +121,7 @@ impl DockerDriver {
             .system_trust_store(true)
             .pool(true)
             .snapshots(!self.podman)
+            .snapshots_with_helper(self.podman)
     }
 }
 
@@ -175,13 +176,15 @@ impl Backend for DockerDriver {
         &self,
         id: &str,
         labels: &BTreeMap<String, String>,
+        run: &dyn runcell_core::raw::RunFiles,
     ) -> Result<runcell_core::Snapshot> {
+        let workspace = self.helper_workspace(id, run).await?;
         // In a task of its own: a caller that gives up (a dropped future) cannot stop it
         // between the commit and its removal; what it made for nobody is removed.
         let (this, id, labels) = (self.clone(), id.to_string(), labels.clone());
         let (answer, wait) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let made = this.snapshot_container(&id, &labels).await;
+            let made = this.snapshot_container(&id, &labels, workspace).await;
             if let Err(Ok(snapshot)) = answer.send(made) {
                 // Tried a few times: Podman answers 500 ("image not known") to a lookup
                 // while another image is being removed.

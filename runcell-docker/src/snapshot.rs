@@ -1,4 +1,4 @@
-//! Snapshots on Docker ([`runcell_core::Snapshot`]): the engine's commit of the
+//! Snapshots on Docker and Podman ([`runcell_core::Snapshot`]): the engine's commit of the
 //! container's filesystem, plus one layer of our own with the workspace (a volume or a
 //! bind, which no commit holds) and the CA files the library installed taken back out,
 //! loaded as an image whose configuration is the base image's (never the run's env,
@@ -7,16 +7,16 @@
 //! Consistency: nothing is frozen. Docker 20.10 wedges a container for good when an exec
 //! starts while it is paused (the shim waits on the frozen exec and cannot resume: seen
 //! here with a concurrent plain-path exec), and a run's other tool calls may exec at any
-//! time, so the commit does not pause (`pause=false`) and the workspace is read right
-//! after it while the commands go on. A file replaced whole (written aside, renamed into
+//! time, so the commit does not pause (`pause=false`) and the workspace is read beside
+//! it (by the run's exec helper: [`DockerDriver::helper_workspace`]) while the commands
+//! go on. A file replaced whole (written aside, renamed into
 //! place) is in the snapshot whole, before or after; a file written in place while the
 //! snapshot reads it may be captured half-written; the filesystem and the workspace are
-//! read one after the other, not at one instant. The image is loaded from a `docker save`-shaped
-//! archive that carries only the new layer: the engine takes the layers it already has
-//! by their chain ID (the commit's, kept until the load is done) and never reads them.
-//!
-//! Podman: not yet (its load reads every layer, and its commit copies the container's
-//! env and labels into the image): `Unsupported`.
+//! read beside each other, not at one instant. The image is loaded from a `docker
+//! save`-shaped archive that carries only the new layer: Docker takes the layers it
+//! already has by their chain ID (the commit's, kept until the load is done) and never
+//! reads them; Podman's loader wants every layer, so there the commit's own image
+//! archive goes in front of it.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, Write};
@@ -103,21 +103,43 @@ async fn remove_image(docker: &bollard::Docker, image: &str) {
 }
 
 impl DockerDriver {
+    /// The archive of the workspace's top-level directory as the run's exec helper reads
+    /// it; `None` on Docker's plain path (the engine's archive is read then).
+    ///
+    /// The engines' own archives skip what they fail to stat while they walk, and say
+    /// nothing (moby's `TarWithOptions` logs and goes on): Podman's archive of a workspace
+    /// whose files were renamed while it was read lacked a whole directory 1 try in 3 (the
+    /// suite's `a_snapshot_of_files_being_written_has_each_whole`). A snapshot that
+    /// silently lost files is worse than none, so a Podman run without the helper has
+    /// none; Docker's plain path keeps its engine's archive (README, Snapshots).
+    pub(crate) async fn helper_workspace(
+        &self,
+        id: &str,
+        run: &dyn runcell_core::raw::RunFiles,
+    ) -> Result<Option<runcell_core::files::ByteStream>> {
+        let inspect = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|e| error::map("inspect container", e).with("run", id))?;
+        let top = top_of(&workspace_of(&inspect)?);
+        match run.helper_archive(&format!("/{top}")).await? {
+            None if self.podman => Err(Error::unsupported(
+                "snapshot",
+                "snapshots on Podman need the exec helper (Podman's own archive of a changing workspace can lose files)",
+            )),
+            read => Ok(read),
+        }
+    }
+
+    /// `workspace_archive`: the archive of the workspace's top directory as the helper
+    /// reads it ([`Self::helper_workspace`]); `None`: the engine's archive is read.
     pub(crate) async fn snapshot_container(
         &self,
         id: &str,
         labels: &BTreeMap<String, String>,
+        workspace_archive: Option<runcell_core::files::ByteStream>,
     ) -> Result<Snapshot> {
-        if self.podman {
-            // Podman's archive of a workspace whose files are renamed while it is read
-            // may lack a whole directory, and says nothing (the suite's
-            // a_snapshot_of_files_being_written_has_each_whole, 1 try in 3): a snapshot
-            // that silently lost files is worse than none. The rest (export, load) works.
-            return Err(Error::unsupported(
-                "snapshot",
-                "snapshots on Podman are not supported yet (its archive of a changing workspace can lose files)",
-            ));
-        }
         let docker = &self.docker;
         // The commit, the workspace's read and the load take as long as the changes are
         // big: not the client's per-request timeout.
@@ -175,7 +197,7 @@ impl DockerDriver {
             docker: docker.clone(),
             image: Some(committed.clone()),
         };
-        let (layer, layer_bytes) = self.read_layer(id, &workspace).await?;
+        let (layer, layer_bytes) = self.read_layer(id, &workspace, workspace_archive).await?;
 
         let committed_inspect = docker
             .inspect_image(&committed)
@@ -245,17 +267,18 @@ impl DockerDriver {
         &self,
         id: &str,
         workspace: &str,
+        archive: Option<runcell_core::files::ByteStream>,
     ) -> Result<((std::fs::File, String), u64)> {
-        let top = workspace
-            .trim_start_matches('/')
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_string();
+        let top = top_of(workspace);
         // The archive of the workspace's top-level directory, whose entries are named from
         // the root (`workspace/...`); the workspace and its ancestors are kept from it.
-        let slow = self.docker.clone().with_timeout(SLOW);
-        let raw = crate::files::get_archive(&slow, id, &format!("/{top}")).await?;
+        let raw = match archive {
+            Some(a) => a,
+            None => {
+                let slow = self.docker.clone().with_timeout(SLOW);
+                crate::files::get_archive(&slow, id, &format!("/{top}")).await?
+            }
+        };
         let too_big = || {
             Error::unsupported(
                 "snapshot",
@@ -541,6 +564,16 @@ impl DockerDriver {
         }
         Ok(())
     }
+}
+
+/// The top-level directory of absolute path `workspace` (`srv` of `/srv/app`).
+fn top_of(workspace: &str) -> String {
+    workspace
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Where the workspace is: the label the driver set at create ([`WORKSPACE_LABEL`]); for

@@ -132,6 +132,62 @@ fn put_then_get_a_tree() {
     assert!(fs::symlink_metadata(d.join("l")).unwrap().is_file());
 }
 
+/// A `PUT` makes hard links and fifos: a hard link becomes another name of the regular
+/// file its path names (owner and mode are that file's), a fifo gets its mode. A hard
+/// link is refused when its target is not a regular file, is missing, leaves the tree or
+/// passes a symbolic link (even one to a regular file), and nothing is left of it.
+#[test]
+fn put_makes_hard_links_and_fifos_and_refuses_bad_targets() {
+    let dir = TempDir::new();
+    let mut h = Helper::start();
+    h.send_path(PUT, 1, dir.path());
+    h.send_entry(1, &entry("d", DIRECTORY, 0o755, 0, ""));
+    h.send_entry(1, &entry("d/f", REGULAR, 0o640, 3, ""));
+    h.send_data(STDIN, 1, b"abc");
+    h.send_entry(1, &entry("d/sub", DIRECTORY, 0o755, 0, ""));
+    h.send_entry(1, &entry("d/sub/h", HARDLINK, 0o777, 0, "d/f"));
+    h.send_entry(1, &entry("d/p", FIFO, 0o620, 0, ""));
+    h.send_empty(STDIN_EOF, 1);
+    let (f, _) = put_result(&mut h, 1);
+    assert_eq!(f.kind, DONE, "{f:?}");
+    let d = dir.path().join("d");
+    let (fm, hm) = (
+        fs::metadata(d.join("f")).unwrap(),
+        fs::metadata(d.join("sub/h")).unwrap(),
+    );
+    assert_eq!((hm.ino(), hm.mode() & 0o7777), (fm.ino(), 0o640));
+    let pm = fs::symlink_metadata(d.join("p")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&pm.file_type()));
+    assert_eq!(pm.mode() & 0o7777, 0o620);
+
+    std::os::unix::fs::symlink("f", d.join("soft")).unwrap();
+    std::os::unix::fs::symlink(&d, dir.path().join("via")).unwrap();
+    let bad = [
+        ("d/x1", "d/sub", FileError::Denied),
+        ("d/x2", "d/missing", FileError::NotFound),
+        ("d/x3", "d/../d/f", FileError::Invalid),
+        ("d/x4", "/d/f", FileError::Invalid),
+        ("d/x5", "d/soft", FileError::Invalid),
+        ("d/x6", "via/f", FileError::NotDir),
+    ];
+    for (i, (name, target, kind)) in bad.iter().enumerate() {
+        let id = 10 + i as u32;
+        h.send_path(PUT, id, dir.path());
+        h.send_entry(id, &entry(name, HARDLINK, 0o644, 0, target));
+        h.send_empty(STDIN_EOF, id);
+        let (f, _) = put_result(&mut h, id);
+        assert_eq!(f.kind, FILE_ERROR, "{name} -> {target}: {f:?}");
+        assert_eq!(file_error(&f).0, *kind, "{name} -> {target}: {f:?}");
+        assert!(!d.join(&name[2..]).exists(), "{name} was made");
+    }
+    let names: Vec<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".runcell-tmp"))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+}
+
 #[test]
 fn put_never_replaces_a_directory() {
     let dir = TempDir::new();
@@ -339,7 +395,7 @@ fn a_file_that_shrinks_while_it_is_read_fails_the_get_naming_it() {
 }
 
 #[test]
-fn a_fifo_asked_for_is_an_error_and_skipped_below_a_directory() {
+fn a_fifo_asked_for_is_an_error_and_an_entry_below_a_directory() {
     let dir = TempDir::new();
     let d = dir.path().join("d");
     fs::create_dir(&d).unwrap();
@@ -354,10 +410,81 @@ fn a_fifo_asked_for_is_an_error_and_skipped_below_a_directory() {
         (FileError::Invalid, "fifo".to_string())
     );
     h.send_path(GET, 2, &d);
-    let (paths, data, last) = get_all(&mut h, 2);
+    let (entries, last) = get_entries(&mut h, 2);
     assert_eq!(last.kind, DONE, "{last:?}");
-    assert_eq!(paths, ["d", "d/file"]);
-    assert_eq!(data, 1);
+    let seen: Vec<(String, u8)> = entries.iter().map(|e| (e.path.clone(), e.kind)).collect();
+    assert_eq!(
+        seen,
+        [
+            ("d".to_string(), DIRECTORY),
+            ("d/fifo".to_string(), FIFO),
+            ("d/file".to_string(), REGULAR)
+        ]
+    );
+}
+
+/// A `GET`'s entries as (path, kind, link) with its last frame, data read and credited.
+struct Got {
+    path: String,
+    kind: u8,
+    link: String,
+    size: u64,
+}
+
+fn get_entries(h: &mut Helper, id: u32) -> (Vec<Got>, Frame) {
+    let mut entries = Vec::new();
+    loop {
+        let f = h.recv();
+        assert_eq!(f.id, id, "{f:?}");
+        match f.kind {
+            ENTRY => {
+                let e = Entry::decode(&mut Dec::new(&f.payload)).unwrap();
+                entries.push(Got {
+                    path: String::from_utf8(e.path).unwrap(),
+                    kind: e.kind,
+                    link: String::from_utf8(e.link).unwrap(),
+                    size: e.size,
+                });
+            }
+            STDOUT => h.send_u32(CREDIT, id, f.payload.len() as u32),
+            DONE | FILE_ERROR => return (entries, f),
+            k => panic!("unexpected frame kind {k}: {f:?}"),
+        }
+    }
+}
+
+/// A file with other names is sent once; each later name is a `HARDLINK` to the path
+/// it was sent under (data once), also across directories; a file with one name, or
+/// linked only from outside the tree, is a plain file.
+#[test]
+fn hard_links_are_sent_once_and_named_after() {
+    let dir = TempDir::new();
+    let d = dir.path().join("d");
+    fs::create_dir_all(d.join("sub")).unwrap();
+    fs::write(d.join("a"), "12345").unwrap();
+    fs::hard_link(d.join("a"), d.join("b")).unwrap();
+    fs::hard_link(d.join("a"), d.join("sub/c")).unwrap();
+    fs::write(dir.path().join("outside"), "xy").unwrap();
+    fs::hard_link(dir.path().join("outside"), d.join("only")).unwrap();
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &d);
+    let (entries, last) = get_entries(&mut h, 1);
+    assert_eq!(last.kind, DONE, "{last:?}");
+    let seen: Vec<(&str, u8, &str, u64)> = entries
+        .iter()
+        .map(|e| (e.path.as_str(), e.kind, e.link.as_str(), e.size))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("d", DIRECTORY, "", 0),
+            ("d/a", REGULAR, "", 5),
+            ("d/b", HARDLINK, "d/a", 0),
+            ("d/only", REGULAR, "", 2),
+            ("d/sub", DIRECTORY, "", 0),
+            ("d/sub/c", HARDLINK, "d/a", 0),
+        ]
+    );
 }
 
 #[test]

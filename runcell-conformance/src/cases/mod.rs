@@ -109,6 +109,7 @@ pub static CASES: &[Case] = &[
     case!(a_file_cut_while_it_is_read_fails_the_transfer, files),
     case!(a_cut_upload_is_an_error_and_leaves_no_temporary_file, files),
     case!(a_sparse_file_round_trip_keeps_its_holes, files),
+    case!(archives_keep_hard_links_and_fifos, files),
     case!(
         file_operations_never_follow_a_link_another_user_swaps_in,
         files

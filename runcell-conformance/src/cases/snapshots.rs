@@ -299,7 +299,9 @@ pub async fn what_is_not_a_snapshot_is_refused(cx: &Context) -> anyhow::Result<(
 }
 
 /// A driver without snapshots says so: `Unsupported` for a snapshot and for a run from
-/// one, before anything is created.
+/// one, before anything is created. One whose snapshots need the exec helper, with the
+/// helper off, refuses the snapshot and still starts runs from snapshots: a missing one
+/// is `NotFound` naming `from_snapshot`.
 pub async fn snapshots_are_unsupported_where_there_are_none(cx: &Context) -> anyhow::Result<()> {
     let run = cx.driver.start(&cx.spec()).await?;
     let e = run
@@ -318,8 +320,13 @@ pub async fn snapshots_are_unsupported_where_there_are_none(cx: &Context) -> any
         .await
         .err()
         .context("a run from a snapshot on a driver without snapshots")?;
+    let expected = if cx.driver.capabilities().snapshots_with_helper {
+        ErrorKind::NotFound
+    } else {
+        ErrorKind::Unsupported
+    };
     ensure!(
-        e.kind() == ErrorKind::Unsupported && e.field() == Some("from_snapshot"),
+        e.kind() == expected && e.field() == Some("from_snapshot"),
         "{e}"
     );
     Ok(())

@@ -275,3 +275,60 @@ pub async fn a_sparse_file_round_trip_keeps_its_holes(cx: &Context) -> anyhow::R
     run.stop().await?;
     Ok(())
 }
+
+/// An archive out of a run keeps what tar keeps, on every path: a file with three names
+/// comes as one regular file and two hard links naming it, a fifo as a fifo; put back
+/// in, the three names are one file again and the fifo a fifo.
+pub async fn archives_keep_hard_links_and_fifos(cx: &Context) -> anyhow::Result<()> {
+    let run = cx.driver.start(&cx.spec()).await?;
+    sh_stdout(
+        &*run,
+        "mkdir -p /tmp/hl/sub /tmp/back && cd /tmp/hl && printf ab > a && ln a b && ln a sub/c \
+         && mkfifo p",
+    )
+    .await?;
+    let tar = read_archive(run.get_archive("/tmp/hl").await?)
+        .await
+        .map_err(|(_, e)| e)?;
+    let mut archive = tar::Archive::new(&tar[..]);
+    let (mut regular, mut links, mut fifos) = (Vec::new(), Vec::new(), Vec::new());
+    for entry in archive.entries()? {
+        let entry = entry?;
+        let path = entry
+            .path()?
+            .to_string_lossy()
+            .trim_end_matches('/')
+            .to_string();
+        let path = path.trim_start_matches("./").to_string();
+        match entry.header().entry_type() {
+            tar::EntryType::Regular => regular.push((path, entry.size())),
+            tar::EntryType::Link => {
+                let to = entry.link_name()?.unwrap_or_default();
+                let to = to.to_string_lossy().trim_start_matches("./").to_string();
+                links.push((path, to));
+            }
+            tar::EntryType::Fifo => fifos.push(path),
+            _ => {}
+        }
+    }
+    let [(first, 2)] = &regular[..] else {
+        bail!("regular files {regular:?} (links {links:?}): not one file of 2 bytes");
+    };
+    let mut named: Vec<&str> = links.iter().map(|(p, _)| p.as_str()).collect();
+    named.push(first);
+    named.sort();
+    ensure!(
+        named == ["hl/a", "hl/b", "hl/sub/c"] && links.iter().all(|(_, to)| to == first),
+        "file {first}, hard links {links:?}"
+    );
+    ensure!(fifos == ["hl/p"], "fifos {fifos:?}");
+    run.put_archive("/tmp/back", byte_stream(tar)).await?;
+    let seen = sh_stdout(
+        &*run,
+        "cd /tmp/back/hl && stat -c %i a b sub/c | sort -u | wc -l && echo $(cat sub/c) && test -p p && echo fifo",
+    )
+    .await?;
+    ensure!(seen == "1\nab\nfifo", "put back: {seen}");
+    run.stop().await?;
+    Ok(())
+}

@@ -193,9 +193,9 @@ fn write_dir_tar(dir: &std::path::Path, out: ChannelWriter) -> std::io::Result<(
 }
 
 /// Unpacks a tar stream into host directory `dir`, dropping the first `strip` path
-/// components of each entry: only regular files and directories, and only inside `dir`
-/// (the archive comes from the sandbox and may hold links meant to write elsewhere on
-/// the host). An entry whose way passes a symbolic link on the host (one the host
+/// components of each entry: only regular files, their hard links (to a regular file
+/// the archive put inside `dir`) and directories, and only inside `dir` (the archive
+/// comes from the sandbox and may hold links meant to write elsewhere on the host). An entry whose way passes a symbolic link on the host (one the host
 /// workspace had, pointing anywhere) is skipped, and permission bits are kept without
 /// setuid, setgid and sticky bits, owners and extended attributes: what comes back
 /// never gains privileges on the host. Streams: memory stays bounded whatever the size.
@@ -241,6 +241,40 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
                 continue;
             }
             let kind = entry.header().entry_type();
+            if kind == tar::EntryType::Link {
+                let target = match entry.link_name() {
+                    Ok(Some(t)) => t.into_owned(),
+                    _ => continue,
+                };
+                let target: std::path::PathBuf = target
+                    .components()
+                    .filter(|c| !matches!(c, std::path::Component::CurDir))
+                    .skip(strip)
+                    .collect();
+                let inside = !target.as_os_str().is_empty()
+                    && target
+                        .components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)));
+                let linked = if inside {
+                    unpack_hard_link(&root, &rest, &target)
+                } else {
+                    Ok(false)
+                };
+                match linked {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::debug!(path = %crate::Shown(rest.display()), "unpacking skips a hard link to no file of its own")
+                    }
+                    Err(e) => {
+                        return Err(Error::new(
+                            ErrorKind::Backend,
+                            format!("cannot unpack the workspace: {}", rest.display()),
+                        )
+                        .with_source(e));
+                    }
+                }
+                continue;
+            }
             if !matches!(kind, tar::EntryType::Regular | tar::EntryType::Directory) {
                 tracing::debug!(?kind, "unpacking skips a non-regular entry");
                 continue;
@@ -287,33 +321,9 @@ fn unpack_entry(
     let Some((name, parents)) = parts.split_last() else {
         return Ok(true);
     };
-    let mut dir = root.try_clone()?;
-    for p in parents {
-        let open = || {
-            openat(
-                &dir,
-                *p,
-                OFlags::PATH | OFlags::DIRECTORY | nofollow,
-                Mode::empty(),
-            )
-        };
-        dir = match open() {
-            Ok(d) => d,
-            Err(Errno::NOENT) => {
-                match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
-                    Ok(()) | Err(Errno::EXIST) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                match open() {
-                    Ok(d) => d,
-                    Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, p, e),
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Err(e @ (Errno::LOOP | Errno::NOTDIR)) => return link_or(&dir, p, e),
-            Err(e) => return Err(e.into()),
-        };
-    }
+    let Some(dir) = walk(root, parents, true)? else {
+        return Ok(false);
+    };
     let perm = Mode::from_raw_mode(mode);
     if is_dir {
         let open = || {
@@ -366,6 +376,90 @@ fn unpack_entry(
         return Err(e);
     }
     Ok(true)
+}
+
+/// The directory `parents` name below `root`, reached one `O_NOFOLLOW` component at a
+/// time (made 0755 where missing if `create`); `None` if a symbolic link is in the way.
+fn walk(
+    root: &std::os::fd::OwnedFd,
+    parents: &[&std::ffi::OsStr],
+    create: bool,
+) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    use rustix::fs::{Mode, OFlags, openat};
+    use rustix::io::Errno;
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = root.try_clone()?;
+    for p in parents {
+        let open = || openat(&dir, *p, flags, Mode::empty());
+        let opened = match open() {
+            Err(Errno::NOENT) if create => {
+                match rustix::fs::mkdirat(&dir, *p, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                open()
+            }
+            other => other,
+        };
+        dir = match opened {
+            Ok(d) => d,
+            Err(e @ (Errno::LOOP | Errno::NOTDIR)) => {
+                return link_or(&dir, p, e).map(|_| None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok(Some(dir))
+}
+
+/// Makes `rest` below `root` another name of the regular file `target` (both relative
+/// to `root`), as [`unpack_entry`] writes a file: a fresh name linked, checked to be a
+/// regular file, then renamed into place. `Ok(false)` (skipped) if a symbolic link is in
+/// either way or `target` is not a regular file there.
+fn unpack_hard_link(
+    root: &std::os::fd::OwnedFd,
+    rest: &std::path::Path,
+    target: &std::path::Path,
+) -> std::io::Result<bool> {
+    use rustix::fs::{AtFlags, FileType};
+    use rustix::io::Errno;
+    let parts: Vec<&std::ffi::OsStr> = rest.iter().collect();
+    let targets: Vec<&std::ffi::OsStr> = target.iter().collect();
+    let (Some((name, parents)), Some((tname, tparents))) =
+        (parts.split_last(), targets.split_last())
+    else {
+        return Ok(true);
+    };
+    let (Some(tdir), Some(dir)) = (walk(root, tparents, false)?, walk(root, parents, true)?) else {
+        return Ok(false);
+    };
+    // `linkat` without `AT_SYMLINK_FOLLOW` follows nothing: a link swapped in at the
+    // target's name is linked itself, then found by the check below.
+    let tmp = (0..16)
+        .find_map(|_| {
+            let tmp = format!(".runcell-tmp-{:016x}", rand::random::<u64>());
+            match rustix::fs::linkat(&tdir, *tname, &dir, tmp.as_str(), AtFlags::empty()) {
+                Err(Errno::EXIST) => None,
+                r => Some(r.map(|()| tmp)),
+            }
+        })
+        .unwrap_or(Err(Errno::EXIST));
+    let tmp = match tmp {
+        Ok(t) => t,
+        Err(Errno::NOENT | Errno::PERM) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let regular = rustix::fs::statat(&dir, tmp.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+        .map(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile);
+    let done = match regular {
+        Ok(true) => rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name).map(|()| true),
+        Ok(false) => Ok(false),
+        Err(e) => Err(e),
+    };
+    if !matches!(done, Ok(true)) {
+        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+    }
+    Ok(done?)
 }
 
 /// `Ok(false)` (skip the entry) if `name` in `dir` is a symbolic link, else `e`: a
@@ -448,6 +542,65 @@ mod tests {
         std::fs::remove_dir_all(&base).unwrap();
     }
 
+    /// A hard link comes back as another name of a file the archive put inside the
+    /// folder, never of anything else: not through a host symlink, not to a path outside,
+    /// not to the symlink itself, not to a missing file.
+    #[tokio::test]
+    async fn unpacked_hard_links_only_link_files_of_the_archive() {
+        use std::os::unix::fs::MetadataExt;
+        let base = std::env::temp_dir().join(format!(
+            "runcell-unpack-links-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let (host, outside) = (base.join("host"), base.join("outside"));
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("x"), b"secret").unwrap();
+        std::os::unix::fs::symlink(&outside, host.join("link")).unwrap();
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o644);
+        header.set_size(2);
+        builder
+            .append_data(&mut header, "top/a/f", &b"ab"[..])
+            .unwrap();
+        for (name, target) in [
+            ("top/same", "top/a/f"),
+            ("top/a/g", "top/a/f"),
+            ("top/out", "top/../outside/x"),
+            ("top/through", "top/link/x"),
+            ("top/to-link", "top/link"),
+            ("top/missing", "top/nothing"),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Link);
+            header.set_size(0);
+            builder.append_link(&mut header, name, target).unwrap();
+        }
+        let tar = builder.into_inner().unwrap();
+        unpack_into(byte_stream(tar), &host, 1).await.unwrap();
+        let ino = |p: &str| {
+            std::fs::symlink_metadata(host.join(p))
+                .map(|m| m.ino())
+                .ok()
+        };
+        assert_eq!(ino("same"), ino("a/f"));
+        assert_eq!(ino("a/g"), ino("a/f"));
+        assert_eq!(std::fs::read(host.join("same")).unwrap(), b"ab");
+        for skipped in ["out", "through", "to-link", "missing"] {
+            assert_eq!(ino(skipped), None, "{skipped}");
+        }
+        assert_eq!(std::fs::metadata(outside.join("x")).unwrap().nlink(), 1);
+        let names: Vec<_> = std::fs::read_dir(&host)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".runcell-tmp"))
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
     /// What the sandbox sends back never gains privileges on the host nor writes through
     /// a host symlink.
     #[tokio::test]

@@ -110,6 +110,23 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
     }
 }
 
+/// An archive's path as tar extracts it: leading `/` and `./` and trailing `/` dropped.
+fn relative(mut path: &[u8]) -> &[u8] {
+    loop {
+        if let Some(rest) = path.strip_prefix(b"/") {
+            path = rest;
+        } else if let Some(rest) = path.strip_prefix(b"./") {
+            path = rest;
+        } else {
+            break;
+        }
+    }
+    while let Some(rest) = path.strip_suffix(b"/") {
+        path = rest;
+    }
+    path
+}
+
 /// Reads the tar (blocking) and sends each entry and its data within the window.
 fn send_entries(
     session: &Session,
@@ -127,34 +144,33 @@ fn send_entries(
             tar::EntryType::Regular | tar::EntryType::Continuous => proto::REGULAR,
             tar::EntryType::Directory => proto::DIRECTORY,
             tar::EntryType::Symlink => proto::SYMLINK,
+            tar::EntryType::Link => proto::HARDLINK,
+            tar::EntryType::Fifo => proto::FIFO,
             other => {
                 return Err(Error::unsupported(
                     "tar",
                     format!(
-                        "a tar entry of type {other:?} ({}) through the exec helper (regular files, directories and symlinks only)",
+                        "a tar entry of type {other:?} ({}) through the exec helper (regular files, directories, symbolic and hard links and fifos only)",
                         String::from_utf8_lossy(&entry.path_bytes())
                     ),
                 ));
             }
         };
-        // As tar does: leading `/` and `./` are dropped.
         let raw = entry.path_bytes().into_owned();
-        let mut path: &[u8] = &raw;
-        loop {
-            if let Some(rest) = path.strip_prefix(b"/") {
-                path = rest;
-            } else if let Some(rest) = path.strip_prefix(b"./") {
-                path = rest;
-            } else {
-                break;
-            }
-        }
-        while let Some(rest) = path.strip_suffix(b"/") {
-            path = rest;
-        }
+        let path = relative(&raw);
         if path.is_empty() || path == b"." {
             continue;
         }
+        let link = entry
+            .link_name_bytes()
+            .map(|l| l.into_owned())
+            .unwrap_or_default();
+        // A hard link names a path of the archive, relative as entries are.
+        let link = if kind == proto::HARDLINK {
+            relative(&link).to_vec()
+        } else {
+            link
+        };
         let e = Entry {
             path: path.to_vec(),
             kind,
@@ -167,10 +183,7 @@ fn send_entries(
             } else {
                 0
             },
-            link: entry
-                .link_name_bytes()
-                .map(|l| l.into_owned())
-                .unwrap_or_default(),
+            link,
         };
         let size = e.size;
         let mut frame = Enc::frame(proto::ENTRY, id);
@@ -349,7 +362,19 @@ fn write_entries(
                     <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&entry.link);
                 builder.append_link(&mut header, &path, target)?;
             }
-            _ => {
+            proto::HARDLINK => {
+                header.set_entry_type(tar::EntryType::Link);
+                header.set_size(0);
+                let target =
+                    <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&entry.link);
+                builder.append_link(&mut header, &path, target)?;
+            }
+            proto::FIFO => {
+                header.set_entry_type(tar::EntryType::Fifo);
+                header.set_size(0);
+                builder.append_data(&mut header, &path, io::empty())?;
+            }
+            proto::REGULAR => {
                 header.set_entry_type(tar::EntryType::Regular);
                 header.set_size(entry.size);
                 let data = Data {
@@ -359,6 +384,12 @@ fn write_entries(
                     path: &last,
                 };
                 builder.append_data(&mut header, &path, data)?;
+            }
+            other => {
+                return Err(io::Error::other(format!(
+                    "the exec helper sent an entry of unknown type {other} ({})",
+                    crate::Shown(&last)
+                )));
             }
         }
     }

@@ -84,7 +84,8 @@ impl<B: Backend> Driver for B {
     }
 
     /// The backend's capabilities, plus what the exec helper adds on every backend (a
-    /// per-exec user, streamed stdin) unless the helper is off.
+    /// per-exec user, streamed stdin, terminals, durable execs, snapshots where the backend
+    /// needs the helper for them) unless the helper is off.
     fn capabilities(&self) -> Capabilities {
         let caps = self.supports();
         if helper::available() && ExecHelper::Auto.effective() != ExecHelper::Off {

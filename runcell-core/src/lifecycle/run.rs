@@ -30,6 +30,7 @@ pub(super) fn with_helper(caps: Capabilities) -> Capabilities {
         .stdin_streaming(true)
         .tty(true)
         .durable_execs(true)
+        .snapshots(caps.snapshots || caps.snapshots_with_helper)
 }
 
 /// Where a run's helper stands.
@@ -275,6 +276,20 @@ impl<B: Backend> CoreRun<B> {
 }
 
 #[async_trait]
+impl<B: Backend> crate::raw::RunFiles for CoreRun<B> {
+    async fn helper_archive(&self, path: &str) -> Result<Option<ByteStream>> {
+        files::validate_dir_path(path)?;
+        match self.session().await? {
+            Some(session) => helper::files::get(&session, path)
+                .await
+                .map(Some)
+                .map_err(|e| e.with("run", &self.id)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[async_trait]
 impl<B: Backend> Run for CoreRun<B> {
     fn id(&self) -> &str {
         &self.id
@@ -420,7 +435,8 @@ impl<B: Backend> Run for CoreRun<B> {
 
     async fn snapshot(&self, options: crate::SnapshotOptions) -> Result<crate::Snapshot> {
         options.validate()?;
-        if !self.backend.supports().snapshots {
+        let caps = self.backend.supports();
+        if !(caps.snapshots || caps.snapshots_with_helper) {
             return Err(Error::unsupported(
                 "snapshot",
                 "this driver has no snapshots",
@@ -429,7 +445,8 @@ impl<B: Backend> Run for CoreRun<B> {
         let id = crate::snapshot::new_snapshot_id();
         let labels = options.labels(&id, &self.id);
         let span = tracing::debug_span!("snapshot", run = %self.id, snapshot = %id);
-        tracing::Instrument::instrument(self.backend.snapshot_target(&self.id, &labels), span).await
+        tracing::Instrument::instrument(self.backend.snapshot_target(&self.id, &labels, self), span)
+            .await
     }
 
     async fn reattach(&self, id: ExecId, from: u64) -> Result<ExecStream> {
