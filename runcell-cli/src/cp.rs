@@ -17,6 +17,7 @@
 //! in place (a file cut short there stays cut short). A file copied out lands with the
 //! holes of a sparse file (whole 4 KiB blocks of zeros are not written).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -313,6 +314,9 @@ async fn copy_out_until(
     Ok(target)
 }
 
+/// Regular files one copy remembers for the hard links that name them.
+const MADE_FILES: usize = 1 << 20;
+
 fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
     let mut archive = tar::Archive::new(reader);
     archive.set_overwrite(true);
@@ -322,7 +326,22 @@ fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
     archive.set_preserve_mtime(true);
     archive.set_unpack_xattrs(false);
     // Each entry through `unpack_in`: it refuses `..`, absolute paths and paths that a
-    // symlink would lead out of `dst`.
+    // symlink would lead out of `dst`. A hard link only to a regular file this copy wrote
+    // (by path, then by inode): the archive is the sandbox's, and `dst` may hold the
+    // user's own files.
+    let plain = |p: &Path| -> PathBuf {
+        p.components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect()
+    };
+    let inode = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(p)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| (m.dev(), m.ino()))
+    };
+    let mut made: HashMap<PathBuf, (u64, u64)> = HashMap::new();
     for entry in archive
         .entries()
         .map_err(|e| format!("reading the archive: {e}"))?
@@ -332,8 +351,39 @@ fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
             .path()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
+        let at = entry.path().map(|p| plain(&p)).unwrap_or_default();
+        let kind = entry.header().entry_type();
+        let linked = if kind == tar::EntryType::Link {
+            let target = entry
+                .link_name()
+                .ok()
+                .flatten()
+                .map(|t| plain(&t))
+                .unwrap_or_default();
+            match made.get(&target) {
+                Some(&id) if inode(&dst.join(&target)) == Some(id) => Some(id),
+                _ => {
+                    return Err(format!(
+                        "{path}: refused, a hard link to a file this copy did not write"
+                    ));
+                }
+            }
+        } else {
+            None
+        };
         match entry.unpack_in(dst) {
-            Ok(true) => {}
+            Ok(true) if linked.is_some() && inode(&dst.join(&at)) != linked => {
+                let _ = std::fs::remove_file(dst.join(&at));
+                return Err(format!("{path}: refused, its hard link's file changed"));
+            }
+            Ok(true) => {
+                if kind == tar::EntryType::Regular
+                    && made.len() < MADE_FILES
+                    && let Some(id) = inode(&dst.join(&at))
+                {
+                    made.insert(at, id);
+                }
+            }
             Ok(false) => {
                 return Err(format!(
                     "{path}: refused, it would land outside {}",
@@ -436,6 +486,51 @@ async fn copy_sparse(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hard link from the run's archive lands only as another name of a file the same
+    /// copy wrote: one to a file the destination had (even inside it) is refused.
+    #[test]
+    fn hard_links_land_only_on_files_of_the_copy() {
+        use std::os::unix::fs::MetadataExt;
+        let archive = |links: &[(&str, &str)]| {
+            let mut b = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(2);
+            b.append_data(&mut h, "out/a", &b"ab"[..]).unwrap();
+            for (name, target) in links {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Link);
+                h.set_size(0);
+                b.append_link(&mut h, name, target).unwrap();
+            }
+            b.into_inner().unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), "the user's").unwrap();
+        unpack(
+            &archive(&[("out/b", "out/a"), ("out/c", "./out/a")])[..],
+            dir.path(),
+        )
+        .unwrap();
+        let ino = |p: &str| std::fs::metadata(dir.path().join(p)).unwrap().ino();
+        assert_eq!((ino("out/b"), ino("out/c")), (ino("out/a"), ino("out/a")));
+        for target in ["secret", "out/../secret", "out/missing"] {
+            let to = tempfile::tempdir().unwrap();
+            std::fs::write(to.path().join("secret"), "the user's").unwrap();
+            let got = unpack(&archive(&[("out/x", target)])[..], to.path());
+            assert!(
+                got.as_ref().is_err_and(|e| e.contains("out/x")),
+                "{target}: {got:?}"
+            );
+            assert!(!to.path().join("out/x").exists(), "{target}");
+            assert_eq!(
+                std::fs::metadata(to.path().join("secret")).unwrap().nlink(),
+                1
+            );
+        }
+    }
 
     #[tokio::test]
     async fn files_from_the_run_land_with_their_holes() {

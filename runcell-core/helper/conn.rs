@@ -29,7 +29,7 @@ const STDIN_TOTAL_LIMIT: usize = 4 * STDIN_QUEUE_LIMIT;
 
 /// A `PUT` or `GET` in progress.
 enum FileOp {
-    Put(Put),
+    Put(Box<Put>),
     Get(Arc<Flow>),
 }
 
@@ -304,7 +304,7 @@ impl Conn {
                 put
             }
         };
-        self.files.insert(id, FileOp::Put(put));
+        self.files.insert(id, FileOp::Put(Box::new(put)));
     }
 
     /// `ENTRY` of a `PUT`.

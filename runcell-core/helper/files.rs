@@ -41,8 +41,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use crate::flow::Flow;
 use crate::link::Link;
 use crate::proto::{
-    CHUNK, DIRECTORY, Entry, FIFO, FileError, HARDLINK, HOLE_BLOCK, MAX_GET_LINKS, REGULAR, STDOUT,
-    SYMLINK,
+    CHUNK, DIRECTORY, Entry, FIFO, FileError, HARDLINK, HOLE_BLOCK, LINK_TARGET, MAX_GET_LINKS,
+    REGULAR, STDOUT, SYMLINK,
 };
 use crate::sys::{self, O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_NOFOLLOW, O_PATH, O_WRONLY};
 use crate::sys::{EINVAL, ELOOP, ENOENT, ENOTDIR};
@@ -163,6 +163,22 @@ fn create_temp<T>(mut create: impl FnMut(&CStr) -> io::Result<T>) -> io::Result<
     Err(last.unwrap_or_else(|| io::Error::from(ErrorKind::AlreadyExists)))
 }
 
+/// What this process just made at the temporary name `tmp` in `dir`, opened without
+/// following it: of the type `kind` accepts, owned by this process's user, with one
+/// name; an error otherwise (another user who can write in `dir` swapped the name).
+fn made_here(dir: &File, tmp: &CStr, kind: impl Fn(fs::FileType) -> bool) -> io::Result<File> {
+    let f = open_in(dir, tmp, O_PATH)?;
+    let md = f.metadata()?;
+    let (_, _, euid) = sys::ids();
+    if kind(md.file_type()) && md.uid() == euid && md.nlink() == 1 {
+        Ok(f)
+    } else {
+        Err(io::Error::other(
+            "what was made under a temporary name was replaced",
+        ))
+    }
+}
+
 /// `Err(IsDir)` if a directory is at `name` in `dir` (a file or link there is replaced).
 fn no_directory_at(dir: &File, name: &CStr) -> Result<(), FileError> {
     match open_in(dir, name, O_PATH).and_then(|f| f.metadata()) {
@@ -181,6 +197,44 @@ pub(crate) struct Put {
     pub(crate) failed: bool,
     /// The regular file whose data is being received.
     pub(crate) file: Option<PutFile>,
+    /// The regular files this `PUT` wrote, by path: their (device, inode), the only
+    /// files a [`HARDLINK`] may name (at most [`MAX_GET_LINKS`] entries and
+    /// [`MAX_LINK_PATH_BYTES`] of paths remembered).
+    made: Links<Vec<u8>, (u64, u64)>,
+}
+
+/// The most path bytes a `GET` or `PUT` remembers for hard links.
+const MAX_LINK_PATH_BYTES: usize = 64 << 20;
+
+/// Files remembered for hard links, bounded in count ([`MAX_GET_LINKS`]) and path bytes
+/// ([`MAX_LINK_PATH_BYTES`]).
+struct Links<K, V> {
+    map: HashMap<K, V>,
+    bytes: usize,
+}
+
+impl<K: std::hash::Hash + Eq, V> Links<K, V> {
+    fn new() -> Self {
+        Links {
+            map: HashMap::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Remembers `v` (which holds a path of `len` bytes) for `k` while within the bounds
+    /// (what `k` had is replaced); whether it is remembered.
+    fn remember(&mut self, k: K, v: V, len: usize) -> bool {
+        if let Some(old) = self.map.get_mut(&k) {
+            *old = v;
+            true
+        } else if self.map.len() < MAX_GET_LINKS && self.bytes + len <= MAX_LINK_PATH_BYTES {
+            self.bytes += len;
+            self.map.insert(k, v);
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// A regular file being written under a temporary name.
@@ -196,10 +250,12 @@ pub(crate) struct PutFile {
 }
 
 impl PutFile {
-    /// Owner, mode, mtime (all on the open file), then the rename over its name.
-    fn finish(self, root: bool) -> Result<(), Failure> {
+    /// Owner, mode, mtime (all on the open file), then the rename over its name; the
+    /// file's path and (device, inode).
+    fn finish(self, root: bool) -> Result<(Vec<u8>, (u64, u64)), Failure> {
         let e = &self.entry;
         let r = (|| {
+            let md = self.file.metadata()?;
             // A hole at the end was seeked over, not written.
             self.file.set_len(e.size)?;
             if root {
@@ -212,12 +268,16 @@ impl PutFile {
                     .file
                     .set_modified(UNIX_EPOCH + Duration::from_secs(e.mtime as u64));
             }
-            sys::renameat(self.dir.as_fd(), &self.tmp, &self.name)
+            sys::renameat(self.dir.as_fd(), &self.tmp, &self.name)?;
+            Ok((md.dev(), md.ino()))
         })();
-        r.map_err(|err| {
-            let _ = sys::unlinkat(self.dir.as_fd(), &self.tmp);
-            (file_error_kind(&err), self.rel.clone(), err.to_string())
-        })
+        match r {
+            Ok(id) => Ok((self.rel, id)),
+            Err(err) => {
+                let _ = sys::unlinkat(self.dir.as_fd(), &self.tmp);
+                Err((file_error_kind(&err), self.rel.clone(), err.to_string()))
+            }
+        }
     }
 
     /// Removes the temporary file.
@@ -246,6 +306,7 @@ impl Put {
             failed: base.is_none(),
             base,
             file: None,
+            made: Links::new(),
         }
     }
 
@@ -310,8 +371,11 @@ impl Put {
                 let target = cstr(&e.link).map_err(io_err)?;
                 let (tmp, ()) =
                     create_temp(|t| sys::symlinkat(&target, dir.as_fd(), t)).map_err(io_err)?;
+                // The owner through a descriptor of what was made: another user who can
+                // write here may have swapped the name since.
                 let owned = if root {
-                    sys::lchownat(dir.as_fd(), &tmp, e.uid, e.gid)
+                    made_here(&dir, &tmp, |t| t.is_symlink())
+                        .and_then(|f| sys::fchown_fd(f.as_fd(), e.uid, e.gid))
                 } else {
                     Ok(())
                 };
@@ -335,25 +399,25 @@ impl Put {
                     entry: e,
                 };
                 if pf.left == 0 {
-                    pf.finish(root)?;
+                    let (rel, id) = pf.finish(root)?;
+                    let len = rel.len();
+                    self.made.remember(rel, id, len);
                 } else {
                     self.file = Some(pf);
                 }
             }
             HARDLINK => {
                 no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
-                // The file linked to: a path of this PUT's tree, reached from the base
-                // without following anything; only a regular file.
-                let target = &e.link;
-                let valid = !target.is_empty()
-                    && target
-                        .split(|&b| b == b'/')
-                        .all(|c| !c.is_empty() && c != b"." && c != b"..");
-                if !valid {
-                    return Err(err(FileError::Invalid, "invalid hard link target"));
-                }
-                let tparts: Vec<&[u8]> = target.split(|&b| b == b'/').collect();
-                let (tlast, tparents) = tparts.split_last().expect("a valid path");
+                // Only a regular file this PUT wrote (by path, then by inode: another user
+                // who can write in its directory may have put another file at its name).
+                let Some(&want) = self.made.map.get(&e.link) else {
+                    return Err(err(
+                        FileError::Invalid,
+                        "a hard link to a path this PUT wrote no regular file at",
+                    ));
+                };
+                let tparts: Vec<&[u8]> = e.link.split(|&b| b == b'/').collect();
+                let (tlast, tparents) = tparts.split_last().expect("a remembered path");
                 let mut tdir = base.try_clone().map_err(io_err)?;
                 for p in tparents {
                     let n = cstr(p).map_err(io_err)?;
@@ -362,18 +426,26 @@ impl Put {
                 let tname = cstr(tlast).map_err(io_err)?;
                 let (tmp, ()) = create_temp(|t| sys::linkat(tdir.as_fd(), &tname, dir.as_fd(), t))
                     .map_err(io_err)?;
-                let regular = open_in(&dir, &tmp, O_PATH)
-                    .and_then(|f| f.metadata())
-                    .map(|m| m.is_file());
-                let placed = match regular {
-                    Ok(true) => sys::renameat(dir.as_fd(), &tmp, &name).map_err(io_err),
-                    Ok(false) => Err(err(
-                        FileError::Invalid,
-                        "a hard link to something that is not a regular file",
-                    )),
-                    Err(x) => Err(io_err(x)),
+                let same = |n: &CStr| {
+                    open_in(&dir, n, O_PATH)
+                        .and_then(|f| f.metadata())
+                        .is_ok_and(|m| m.is_file() && (m.dev(), m.ino()) == want)
                 };
-                if placed.is_err() {
+                // `Ok(false)`: the name is that file already (a rename between two names
+                // of one inode does nothing and would leave the temporary name).
+                let placed = if !same(&tmp) {
+                    Err(err(
+                        FileError::Invalid,
+                        "the file this hard link names was replaced while the PUT ran",
+                    ))
+                } else if same(&name) {
+                    Ok(false)
+                } else {
+                    sys::renameat(dir.as_fd(), &tmp, &name)
+                        .map(|()| true)
+                        .map_err(io_err)
+                };
+                if !matches!(placed, Ok(true)) {
                     let _ = sys::unlinkat(dir.as_fd(), &tmp);
                 }
                 placed?;
@@ -382,16 +454,13 @@ impl Put {
                 no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
                 let (tmp, ()) =
                     create_temp(|t| sys::mkfifoat(dir.as_fd(), t, 0o600)).map_err(io_err)?;
-                // Owner and mode through a descriptor of what was made (never a name
-                // that another user could have swapped for a link since).
-                let placed = open_in(&dir, &tmp, O_PATH).and_then(|f| {
-                    if !f.metadata()?.file_type().is_fifo() {
-                        return Err(io::Error::from_raw_os_error(EINVAL));
+                // Owner and mode through a descriptor of what was made, checked to be
+                // ours (another user who can write here may have swapped the name since).
+                let placed = made_here(&dir, &tmp, |t| t.is_fifo()).and_then(|f| {
+                    if root {
+                        sys::fchown_fd(f.as_fd(), e.uid, e.gid)?;
                     }
                     let at = format!("/proc/self/fd/{}", f.as_raw_fd());
-                    if root {
-                        std::os::unix::fs::chown(&at, Some(e.uid), Some(e.gid))?;
-                    }
                     fs::set_permissions(&at, Permissions::from_mode(mode))?;
                     sys::renameat(dir.as_fd(), &tmp, &name)
                 });
@@ -426,7 +495,9 @@ impl Put {
             .map_err(|x| (file_error_kind(&x), pf.rel.clone(), x.to_string()))?;
         pf.left -= data.len() as u64;
         if let Some(pf) = self.file.take_if(|pf| pf.left == 0) {
-            pf.finish(root)?;
+            let (rel, id) = pf.finish(root)?;
+            let len = rel.len();
+            self.made.remember(rel, id, len);
         }
         Ok(())
     }
@@ -486,6 +557,26 @@ fn send_entry(link: &Link, flow: &Flow, id: u32, e: &Entry) -> Result<(), GetEnd
     }
 }
 
+/// What a file was when a `GET` sent it: a later name of the same (device, inode) is a
+/// hard link to it only if it is still that file (an inode freed while the `GET` ran is
+/// given to the next file made).
+#[derive(PartialEq, Eq)]
+struct Stamp {
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+    size: u64,
+}
+
+impl Stamp {
+    fn of(md: &Metadata) -> Stamp {
+        Stamp {
+            ctime: (md.ctime(), md.ctime_nsec()),
+            mtime: (md.mtime(), md.mtime_nsec()),
+            size: md.len(),
+        }
+    }
+}
+
 /// An `ENTRY` for a `GET`.
 fn entry_of(rel: &[u8], kind: u8, md: &Metadata, size: u64, link: Vec<u8>) -> Entry {
     Entry {
@@ -527,8 +618,8 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
     // (directory, name in it, path relative to the archive's root)
     let mut stack = vec![(Arc::new(parent), base.to_vec(), base.to_vec())];
     let mut first = true;
-    // Multiply-linked files sent, by (device, inode): their path.
-    let mut links: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
+    // Multiply-linked files sent, by (device, inode): their path and what they were.
+    let mut links: Links<(u64, u64), (Vec<u8>, Stamp)> = Links::new();
     while let Some((dir, name, rel)) = stack.pop() {
         let io_err = |e: &io::Error| {
             let kind = match e.raw_os_error() {
@@ -583,23 +674,26 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
                 continue;
             }
             // Another name of a file this GET sent (what was sent: the inode of the
-            // descriptor read, not of a name looked up again).
+            // descriptor read, not of a name looked up again), still that file: an inode
+            // whose every name went while the GET ran can be another file's now.
             let key = (md.dev(), md.ino());
-            if let Some(first) = links.get(&key) {
+            let stamp = Stamp::of(&md);
+            if md.nlink() > 1
+                && let Some((first, was)) = links.map.get(&key)
+                && *was == stamp
+            {
                 let e = entry_of(&rel, HARDLINK, &md, 0, first.clone());
                 send_entry(link, flow, id, &e)?;
                 continue;
             }
-            if md.nlink() > 1 && links.len() < MAX_GET_LINKS {
-                links.insert(key, rel.clone());
-            }
             let size = md.len();
-            send_entry(
-                link,
-                flow,
-                id,
-                &entry_of(&rel, REGULAR, &md, size, Vec::new()),
-            )?;
+            let mut e = entry_of(&rel, REGULAR, &md, size, Vec::new());
+            if md.nlink() > 1 && links.remember(key, (rel.clone(), stamp), rel.len()) {
+                e.mode |= LINK_TARGET;
+            } else {
+                links.map.remove(&key);
+            }
+            send_entry(link, flow, id, &e)?;
             let mut left = size;
             let mut eof = false;
             while left > 0 {

@@ -66,8 +66,9 @@
 //!   ([`Entry`], `path` relative to that directory); a regular file's `ENTRY` is followed by
 //!   exactly `size` bytes of `STDIN` frames (same window and `STDIN_ACK` as an exec); then
 //!   `STDIN_EOF`. The helper creates directories, files, symlinks, fifos and hard links (to
-//!   a regular file reached from the `PUT`'s directory without following a link; mode and
-//!   owner are the file's), with mode (and owner when it runs as root), replaces a regular file or symlink by a file, and never replaces a
+//!   a regular file this same `PUT` wrote, checked by inode: mode and owner are that
+//!   file's), with mode (and owner when it runs as root; set through a descriptor of what
+//!   it made, checked to be its own), replaces a regular file or symlink by a file, and never replaces a
 //!   directory by a non-directory or the reverse. It answers `DONE` or `FILE_ERROR`
 //!   ([`FileError`] kind u8, the relative path, message) for the first failure, after which
 //!   it discards the operation's remaining frames. A file is written under a temporary
@@ -89,8 +90,10 @@
 //!   read; a file that grew is sent as long as it was when its `ENTRY` was sent.
 //!   Since version 5 a `GET` keeps what an archive keeps: a named pipe below the path is a
 //!   [`FIFO`] entry, and a regular file with more than one link that the same `GET` sent
-//!   before (same device and inode) is a [`HARDLINK`] entry naming that file's path (the
-//!   first [`MAX_GET_LINKS`] such files are remembered; later ones go as copies).
+//!   before (same device and inode, and still the same file: change time, modification
+//!   time and size) is a [`HARDLINK`] entry naming that file's path. The first
+//!   [`MAX_GET_LINKS`] such files are remembered, and marked [`LINK_TARGET`] in their own
+//!   entry; later ones go as copies.
 //!
 //! # Daemon, relay and durable execs (version 3; `LEAVE` since version 4)
 //! The program the host starts through the engine (`/.runcell/helper`, no argument) is a
@@ -655,10 +658,14 @@ pub const DIRECTORY: u8 = 1;
 /// A symbolic link (`link` is its target).
 pub const SYMLINK: u8 = 2;
 /// (Since version 5) A hard link to a regular file of the same operation (`link` is that
-/// file's path in it, relative like `path`).
+/// file's path in it, relative like `path`): in a `PUT`, one it wrote; in a `GET`, one it
+/// sent marked [`LINK_TARGET`].
 pub const HARDLINK: u8 = 3;
 /// (Since version 5) A named pipe (no data).
 pub const FIFO: u8 = 4;
+/// (Since version 5) In a `GET`'s [`REGULAR`] entry's `mode`: a later [`HARDLINK`] may
+/// name this file (the host accepts a hard link only to such an entry sent before it).
+pub const LINK_TARGET: u32 = 1 << 16;
 
 /// One file-system entry of a `PUT` or `GET`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -668,7 +675,7 @@ pub struct Entry {
     pub path: Vec<u8>,
     /// [`REGULAR`], [`DIRECTORY`], [`SYMLINK`], [`HARDLINK`] or [`FIFO`].
     pub kind: u8,
-    /// Permission bits (0o7777).
+    /// Permission bits (0o7777); a `GET` may add [`LINK_TARGET`].
     pub mode: u32,
     /// Owner; applied by a `PUT` only when the helper runs as root.
     pub uid: u32,

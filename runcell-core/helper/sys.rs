@@ -448,6 +448,7 @@ pub const O_PATH: c_int = 0o10000000;
 pub const O_NONBLOCK_OPEN: c_int = O_NONBLOCK;
 const AT_FDCWD: c_int = -100;
 const AT_SYMLINK_NOFOLLOW: c_int = 0x100;
+const AT_EMPTY_PATH: c_int = 0x1000;
 
 unsafe extern "C" {
     #[link_name = "openat"]
@@ -566,16 +567,17 @@ pub fn readlink_fd(link: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// `fchownat(2)` of `name` in `dir` itself, never what it points to.
-pub fn lchownat(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: a NUL-terminated name that outlives the call; integer arguments.
+/// `fchownat(2)` of what descriptor `f` (`O_PATH` allowed) names itself: a symbolic
+/// link's own owner, never what it points to; no name is looked up.
+pub fn fchown_fd(f: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: an empty NUL-terminated name (the descriptor itself); integer arguments.
     check(unsafe {
         c_fchownat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
+            f.as_raw_fd(),
+            c"".as_ptr(),
             uid,
             gid,
-            AT_SYMLINK_NOFOLLOW,
+            AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW,
         )
     })
     .map(drop)
@@ -952,9 +954,12 @@ mod tests {
         let target = openat(Some(d), &c("f"), O_PATH | O_NOFOLLOW | O_CLOEXEC, 0).unwrap();
         assert!(readlink_fd(target.as_fd()).is_err());
 
-        let (uid, gid, _) = ids();
-        lchownat(d, &c("link"), uid, gid).unwrap();
-        assert_eq!(fs::symlink_metadata(tmp.join("link")).unwrap().uid(), uid);
+        // The link's own owner changes through its O_PATH descriptor, not its target's.
+        let (uid, _, _) = ids();
+        let other = if uid == 0 { 1234 } else { uid };
+        fchown_fd(link.as_fd(), other, other).unwrap();
+        assert_eq!(fs::symlink_metadata(tmp.join("link")).unwrap().uid(), other);
+        assert_eq!(fs::metadata(tmp.join("f")).unwrap().uid(), uid);
 
         renameat(d, &c("f"), &c("g")).unwrap();
         assert!(!tmp.join("f").exists());

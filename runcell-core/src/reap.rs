@@ -3,10 +3,15 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
+
 use crate::error::Result;
 use crate::labels::{self, Owner};
 use crate::raw::RunInfo;
 use crate::run::Driver;
+
+/// Runs [`reap`] removes at once.
+const REMOVALS: usize = 16;
 
 /// Why [`reap`] removed a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,18 +68,29 @@ pub async fn reap(
         .unwrap_or(0);
     let mut reaped = Vec::new();
     let mut first_error = None;
-    for run in driver.list(&selector).await? {
-        let Some(reason) = ReapReason::of(&run, now) else {
-            continue;
-        };
+    let doomed: Vec<(String, ReapReason)> = driver
+        .list(&selector)
+        .await?
+        .into_iter()
+        .filter_map(|run| ReapReason::of(&run, now).map(|reason| (run.id, reason)))
+        .collect();
+    // REMOVALS at a time: an engine removes containers one by one slower than it takes
+    // them side by side (500 runs of a SIGKILLed owner: the scale bench).
+    let mut removals = futures::stream::iter(doomed)
+        .map(|(id, reason)| async move {
+            let removed = driver.remove(&id).await;
+            (id, reason, removed)
+        })
+        .buffer_unordered(REMOVALS);
+    while let Some((id, reason, removed)) = removals.next().await {
         // One failure must not keep the others alive: go on, report the first at the end.
-        match driver.remove(&run.id).await {
+        match removed {
             Ok(()) => {
-                tracing::info!(run = %run.id, ?reason, "reaped");
-                reaped.push((run.id, reason));
+                tracing::info!(run = %id, ?reason, "reaped");
+                reaped.push((id, reason));
             }
             Err(e) => {
-                tracing::error!(run = %run.id, "could not reap: {e}");
+                tracing::error!(run = %id, "could not reap: {e}");
                 first_error.get_or_insert(e);
             }
         }

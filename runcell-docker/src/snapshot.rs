@@ -52,6 +52,9 @@ const SLOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 /// The most the workspace's directory may hold (as the archive API sends it: a sparse
 /// file counts whole): past it the snapshot is refused, not spooled to the host's disk.
 pub const MAX_WORKSPACE_BYTES: u64 = 8 << 30;
+/// How long an archive being read may send nothing before the snapshot fails.
+const STALL: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// The largest image archive of a commit spooled on Podman (whose loader takes no layer
 /// it holds already, so the whole image goes through the host).
 pub const MAX_IMAGE_BYTES: u64 = 64 << 30;
@@ -854,7 +857,22 @@ async fn spool<E>(
     let mut out = tokio::fs::File::from_std(spool.try_clone().map_err(io("a temporary file"))?);
     let mut stream = std::pin::pin!(stream);
     let mut total = 0u64;
-    while let Some(chunk) = stream.next().await {
+    // The workspace's archive comes from the run's helper, which the run's code may have
+    // replaced: one that answers pings and sends nothing must not hold the snapshot (and
+    // its commit) for ever.
+    loop {
+        let next = tokio::time::timeout(STALL, stream.next())
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "snapshot: nothing came for {} s while reading an archive",
+                        STALL.as_secs()
+                    ),
+                )
+            })?;
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(&read)?;
         total += chunk.len() as u64;
         if total > cap {

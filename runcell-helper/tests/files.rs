@@ -132,10 +132,12 @@ fn put_then_get_a_tree() {
     assert!(fs::symlink_metadata(d.join("l")).unwrap().is_file());
 }
 
-/// A `PUT` makes hard links and fifos: a hard link becomes another name of the regular
-/// file its path names (owner and mode are that file's), a fifo gets its mode. A hard
-/// link is refused when its target is not a regular file, is missing, leaves the tree or
-/// passes a symbolic link (even one to a regular file), and nothing is left of it.
+/// A `PUT` makes hard links and fifos: a hard link becomes another name of a regular
+/// file the same `PUT` wrote (owner and mode are that file's), a fifo gets its mode. A
+/// hard link to anything else (a directory, a missing path, a path out of the tree or
+/// through a symbolic link, a file that was there before or that another `PUT` wrote)
+/// is refused, and nothing is left of it; a link to the name it is at leaves no
+/// temporary name.
 #[test]
 fn put_makes_hard_links_and_fifos_and_refuses_bad_targets() {
     let dir = TempDir::new();
@@ -147,6 +149,8 @@ fn put_makes_hard_links_and_fifos_and_refuses_bad_targets() {
     h.send_entry(1, &entry("d/sub", DIRECTORY, 0o755, 0, ""));
     h.send_entry(1, &entry("d/sub/h", HARDLINK, 0o777, 0, "d/f"));
     h.send_entry(1, &entry("d/p", FIFO, 0o620, 0, ""));
+    h.send_entry(1, &entry("d/f", HARDLINK, 0, 0, "d/f"));
+    h.send_entry(1, &entry("d/sub/h", HARDLINK, 0, 0, "d/f"));
     h.send_empty(STDIN_EOF, 1);
     let (f, _) = put_result(&mut h, 1);
     assert_eq!(f.kind, DONE, "{f:?}");
@@ -162,13 +166,17 @@ fn put_makes_hard_links_and_fifos_and_refuses_bad_targets() {
 
     std::os::unix::fs::symlink("f", d.join("soft")).unwrap();
     std::os::unix::fs::symlink(&d, dir.path().join("via")).unwrap();
+    fs::write(d.join("before"), "the user's").unwrap();
+    // Each in a PUT of its own: none of these paths is a file that PUT wrote.
     let bad = [
-        ("d/x1", "d/sub", FileError::Denied),
-        ("d/x2", "d/missing", FileError::NotFound),
+        ("d/x1", "d/sub", FileError::Invalid),
+        ("d/x2", "d/missing", FileError::Invalid),
         ("d/x3", "d/../d/f", FileError::Invalid),
         ("d/x4", "/d/f", FileError::Invalid),
         ("d/x5", "d/soft", FileError::Invalid),
-        ("d/x6", "via/f", FileError::NotDir),
+        ("d/x6", "via/f", FileError::Invalid),
+        ("d/x7", "d/before", FileError::Invalid),
+        ("d/x8", "d/f", FileError::Invalid),
     ];
     for (i, (name, target, kind)) in bad.iter().enumerate() {
         let id = 10 + i as u32;
@@ -186,6 +194,194 @@ fn put_makes_hard_links_and_fifos_and_refuses_bad_targets() {
         .filter(|n| n.starts_with(".runcell-tmp"))
         .collect();
     assert!(names.is_empty(), "{names:?}");
+}
+
+/// Another user replaces, between a `PUT`'s file and a hard link to it, the file with
+/// one of its own, in a directory it owns: the root helper refuses the link rather than
+/// give that user's file a name in a directory only root can change.
+#[test]
+fn a_hard_link_to_a_file_another_user_replaced_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new();
+    let base = dir.path();
+    fs::set_permissions(base, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut h = Helper::start();
+    h.send_path(PUT, 1, base);
+    h.send_entry(1, &entry("pub", DIRECTORY, 0o755, 0, ""));
+    h.send_entry(1, &entry("priv", DIRECTORY, 0o755, 0, ""));
+    h.send_entry(1, &entry("pub/a", REGULAR, 0o644, 8, ""));
+    h.send_data(STDIN, 1, b"official");
+    // The PUT goes on only once pub/a is whole (a PING is answered in order).
+    h.send_empty(PING, 2);
+    while h.recv().kind != PONG {}
+    std::os::unix::fs::chown(base.join("pub"), Some(65534), Some(65534)).unwrap();
+    let own = base.join("pub/x");
+    fs::write(&own, "evil").unwrap();
+    std::os::unix::fs::chown(&own, Some(65534), Some(65534)).unwrap();
+    fs::rename(&own, base.join("pub/a")).unwrap();
+    h.send_entry(1, &entry("priv/b", HARDLINK, 0o644, 0, "pub/a"));
+    h.send_empty(STDIN_EOF, 1);
+    let (f, _) = put_result(&mut h, 1);
+    assert_eq!(file_error(&f), (FileError::Invalid, "priv/b".to_string()));
+    assert!(!base.join("priv/b").exists());
+    let names: Vec<_> = fs::read_dir(base.join("priv")).unwrap().collect();
+    assert!(names.is_empty(), "{names:?}");
+}
+
+/// Replaces every temporary name the helper makes in `dir` with a hard link to `evil`
+/// (a file of another user), told of each by inotify, until `stop` (then a file made in
+/// `dir` wakes it).
+fn swap_temporaries_for(
+    dir: PathBuf,
+    evil: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> thread::JoinHandle<u64> {
+    use rustix::fs::inotify;
+    let watch = inotify::init(inotify::CreateFlags::CLOEXEC).unwrap();
+    inotify::add_watch(&watch, &dir, inotify::WatchFlags::CREATE).unwrap();
+    thread::spawn(move || {
+        let mut swapped = 0;
+        let aside = dir.join(".aside");
+        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 1 << 16];
+        let mut events = inotify::Reader::new(&watch, &mut buf);
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(event) = events.next() else { break };
+            let Some(name) = event.file_name() else {
+                continue;
+            };
+            let name = name.to_string_lossy().into_owned();
+            if name.starts_with(".runcell-tmp-") && fs::hard_link(&evil, &aside).is_ok() {
+                if fs::rename(&aside, dir.join(&name)).is_ok() {
+                    swapped += 1;
+                } else {
+                    let _ = fs::remove_file(&aside);
+                }
+            }
+        }
+        swapped
+    })
+}
+
+/// A fifo or symbolic link a root `PUT` makes gets its owner and mode through a
+/// descriptor of what it made: another user who swaps the temporary name for a link to
+/// a file of its own (outside the `PUT`'s directory) never gets that file chowned or
+/// chmodded by root.
+#[test]
+fn owners_and_modes_never_reach_what_another_user_swapped_in() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new();
+    let (ws, outside) = (dir.path().join("ws"), dir.path().join("outside"));
+    fs::create_dir_all(&ws).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    let evil_fifo = outside.join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&evil_fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let evil_file = outside.join("file");
+    fs::write(&evil_file, "x").unwrap();
+    for p in [&evil_fifo, &evil_file] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    let mut h = Helper::start();
+    let mut swaps = 0;
+    for (evil, kind) in [(&evil_fifo, FIFO), (&evil_file, SYMLINK)] {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = swap_temporaries_for(ws.clone(), evil.clone(), stop.clone());
+        for round in 0..40u32 {
+            let id = 10 + round + 100 * u32::from(kind);
+            h.send_path(PUT, id, &ws);
+            for i in 0..200 {
+                let link = if kind == SYMLINK { "target" } else { "" };
+                h.send_entry(
+                    id,
+                    &entry(&format!("n{kind}-{round}-{i}"), kind, 0o666, 0, link),
+                );
+            }
+            h.send_empty(STDIN_EOF, id);
+            let _ = put_result(&mut h, id);
+        }
+        stop.store(true, Ordering::Relaxed);
+        fs::write(ws.join(format!("wake-{kind}")), "").unwrap();
+        swaps += swapper.join().unwrap();
+        let md = fs::symlink_metadata(evil).unwrap();
+        assert_eq!(
+            (md.uid(), md.mode() & 0o7777),
+            (65534, 0o600),
+            "{} changed by the PUT",
+            evil.display()
+        );
+    }
+    eprintln!("{swaps} temporary names swapped");
+    assert!(swaps > 0, "the race never ran");
+}
+
+/// A file whose every name went while a `GET` ran can give its inode to a new file (here
+/// with two names): that file goes as itself, never as a hard link to the gone file's
+/// path.
+#[test]
+fn a_reused_inode_is_not_a_hard_link() {
+    let dir = TempDir::new();
+    let d = dir.path().join("d");
+    fs::create_dir_all(&d).unwrap();
+    fs::write(d.join("a"), "OLD-A").unwrap();
+    fs::hard_link(d.join("a"), d.join("a2")).unwrap();
+    fs::write(d.join("m"), vec![7u8; 3 << 20]).unwrap();
+    fs::write(d.join("z"), "placeholder").unwrap();
+    fs::write(d.join("zz"), "placeholder").unwrap();
+    let was = fs::metadata(d.join("a")).unwrap().ino();
+    let mut h = Helper::start();
+    h.send_path(GET, 1, &d);
+    let (mut entries, mut held, mut swapped) = (Vec::new(), 0usize, false);
+    loop {
+        let Some(f) = h.try_recv(Duration::from_millis(500)) else {
+            // Waiting for credit inside m: a and a2 went; z comes after m.
+            assert!(!swapped, "the GET stalled");
+            fs::remove_file(d.join("a")).unwrap();
+            fs::remove_file(d.join("a2")).unwrap();
+            fs::write(d.join("new"), "NEW-Z").unwrap();
+            fs::hard_link(d.join("new"), d.join("new2")).unwrap();
+            fs::rename(d.join("new"), d.join("z")).unwrap();
+            fs::rename(d.join("new2"), d.join("zz")).unwrap();
+            let now = fs::metadata(d.join("z")).unwrap().ino();
+            eprintln!("inode of a: {was}, of the new z: {now}");
+            swapped = true;
+            h.send_u32(CREDIT, 1, held as u32);
+            continue;
+        };
+        match f.kind {
+            ENTRY => {
+                let e = Entry::decode(&mut Dec::new(&f.payload)).unwrap();
+                entries.push((String::from_utf8(e.path).unwrap(), e.kind));
+            }
+            STDOUT if swapped => h.send_u32(CREDIT, 1, f.payload.len() as u32),
+            STDOUT => held += f.payload.len(),
+            DONE => break,
+            k => panic!("unexpected frame kind {k}: {f:?}"),
+        }
+    }
+    assert!(
+        entries.contains(&("d/a2".to_string(), HARDLINK)),
+        "{entries:?}"
+    );
+    assert!(
+        entries.contains(&("d/z".to_string(), REGULAR)),
+        "{entries:?}"
+    );
+    assert!(
+        entries.contains(&("d/zz".to_string(), HARDLINK)),
+        "{entries:?}"
+    );
 }
 
 #[test]

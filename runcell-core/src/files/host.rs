@@ -222,6 +222,11 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
         )
         .map_err(|e| bad(e.into()))?;
         let mut archive = tar::Archive::new(reader);
+        // The regular files written, by path: (device, inode), the only files a hard link
+        // may name (bounded: a link to a file no longer remembered is skipped).
+        let mut made: std::collections::HashMap<std::path::PathBuf, (u64, u64)> =
+            std::collections::HashMap::new();
+        let mut made_bytes = 0usize;
         for entry in archive.entries().map_err(bad)? {
             let mut entry = entry.map_err(bad)?;
             let path = entry.path().map_err(bad)?.into_owned();
@@ -255,10 +260,10 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
                     && target
                         .components()
                         .all(|c| matches!(c, std::path::Component::Normal(_)));
-                let linked = if inside {
-                    unpack_hard_link(&root, &rest, &target)
-                } else {
-                    Ok(false)
+                // Only to a file this unpack wrote, and still that file.
+                let linked = match made.get(&target) {
+                    Some(&want) if inside => unpack_hard_link(&root, &rest, &target, want),
+                    _ => Ok(false),
                 };
                 match linked {
                     Ok(true) => {}
@@ -281,8 +286,20 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
             }
             let mode = entry.header().mode().map_err(bad)? & 0o777;
             let mtime = entry.header().mtime().unwrap_or(0);
-            match unpack_entry(&root, &rest, kind == tar::EntryType::Directory, mode, mtime, &mut entry) {
-                Ok(true) => {}
+            let mut written = None;
+            let is_dir = kind == tar::EntryType::Directory;
+            match unpack_entry(&root, &rest, is_dir, mode, mtime, &mut entry, &mut written) {
+                Ok(true) => {
+                    if let Some(id) = written {
+                        let len = rest.as_os_str().len();
+                        if made.len() < MADE_FILES && made_bytes + len <= MADE_PATH_BYTES {
+                            made_bytes += len;
+                            made.insert(rest, id);
+                        } else {
+                            made.remove(&rest);
+                        }
+                    }
+                }
                 Ok(false) => {
                     tracing::debug!(path = %crate::Shown(rest.display()), "unpacking skips an entry behind a host symlink")
                 }
@@ -303,6 +320,10 @@ pub async fn unpack_into(tar: ByteStream, dir: &std::path::Path, strip: usize) -
     .map_err(|e| Error::new(ErrorKind::Backend, "unpacking panicked").with_source(e))?
 }
 
+/// Regular files an unpack remembers for hard links, and their paths' bytes.
+const MADE_FILES: usize = 1 << 20;
+const MADE_PATH_BYTES: usize = 64 << 20;
+
 /// Writes one entry at `rest` below the held directory `root` (module docs of
 /// [`unpack_into`]): `Ok(false)` if its way passes a symbolic link (any parent, and the
 /// place itself for a directory; a file replaces a link at its own place).
@@ -313,6 +334,7 @@ fn unpack_entry(
     mode: u32,
     mtime: u64,
     data: &mut impl std::io::Read,
+    written: &mut Option<(u64, u64)>,
 ) -> std::io::Result<bool> {
     use rustix::fs::{Mode, OFlags, openat};
     use rustix::io::Errno;
@@ -361,19 +383,23 @@ fn unpack_entry(
         })
         .unwrap_or(Err(Errno::EXIST))?;
     let mut file = std::fs::File::from(fd);
-    let written = (|| {
+    let done = (|| -> std::io::Result<(u64, u64)> {
         std::io::copy(data, &mut file)?;
         rustix::fs::fchmod(&file, perm)?;
         if mtime > 0 {
             let _ =
                 file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime));
         }
+        let st = rustix::fs::fstat(&file)?;
         rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name)?;
-        Ok(())
+        Ok((st.st_dev, st.st_ino))
     })();
-    if let Err(e) = written {
-        let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
-        return Err(e);
+    match done {
+        Ok(id) => *written = Some(id),
+        Err(e) => {
+            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+            return Err(e);
+        }
     }
     Ok(true)
 }
@@ -413,13 +439,15 @@ fn walk(
 }
 
 /// Makes `rest` below `root` another name of the regular file `target` (both relative
-/// to `root`), as [`unpack_entry`] writes a file: a fresh name linked, checked to be a
-/// regular file, then renamed into place. `Ok(false)` (skipped) if a symbolic link is in
-/// either way or `target` is not a regular file there.
+/// to `root`), which this unpack wrote as (device, inode) `want`, as [`unpack_entry`]
+/// writes a file: a fresh name linked, checked to be that file, then renamed into place.
+/// `Ok(false)` (skipped) if a symbolic link is in either way or another file is at
+/// `target` now (code in a live run may change a bind-mounted folder as it is unpacked).
 fn unpack_hard_link(
     root: &std::os::fd::OwnedFd,
     rest: &std::path::Path,
     target: &std::path::Path,
+    want: (u64, u64),
 ) -> std::io::Result<bool> {
     use rustix::fs::{AtFlags, FileType};
     use rustix::io::Errno;
@@ -449,14 +477,24 @@ fn unpack_hard_link(
         Err(Errno::NOENT | Errno::PERM) => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    let regular = rustix::fs::statat(&dir, tmp.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-        .map(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile);
-    let done = match regular {
-        Ok(true) => rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name).map(|()| true),
-        Ok(false) => Ok(false),
-        Err(e) => Err(e),
+    let is_it = |n: &std::ffi::OsStr| {
+        rustix::fs::statat(&dir, n, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+            FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                && (st.st_dev, st.st_ino) == want
+        })
     };
-    if !matches!(done, Ok(true)) {
+    // Renamed into place unless it is not that file, or the name is that file already
+    // (a rename between two names of one inode does nothing and leaves the fresh name).
+    let (done, renamed) = if !is_it(std::ffi::OsStr::new(&tmp)) {
+        (Ok(false), false)
+    } else if is_it(name) {
+        (Ok(true), false)
+    } else {
+        let r = rustix::fs::renameat(&dir, tmp.as_str(), &dir, *name);
+        let renamed = r.is_ok();
+        (r.map(|()| true), renamed)
+    };
+    if !renamed {
         let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
     }
     Ok(done?)
@@ -544,7 +582,8 @@ mod tests {
 
     /// A hard link comes back as another name of a file the archive put inside the
     /// folder, never of anything else: not through a host symlink, not to a path outside,
-    /// not to the symlink itself, not to a missing file.
+    /// not to the symlink itself, not to a missing file, not to a file the folder had; a
+    /// link to the name it is at leaves no temporary name.
     #[tokio::test]
     async fn unpacked_hard_links_only_link_files_of_the_archive() {
         use std::os::unix::fs::MetadataExt;
@@ -573,6 +612,8 @@ mod tests {
             ("top/through", "top/link/x"),
             ("top/to-link", "top/link"),
             ("top/missing", "top/nothing"),
+            ("top/stolen", "top/host-only"),
+            ("top/a/f", "top/a/f"),
         ] {
             let mut header = tar::Header::new_gnu();
             header.set_entry_type(tar::EntryType::Link);
@@ -580,6 +621,7 @@ mod tests {
             builder.append_link(&mut header, name, target).unwrap();
         }
         let tar = builder.into_inner().unwrap();
+        std::fs::write(host.join("host-only"), b"the user's").unwrap();
         unpack_into(byte_stream(tar), &host, 1).await.unwrap();
         let ino = |p: &str| {
             std::fs::symlink_metadata(host.join(p))
@@ -589,18 +631,24 @@ mod tests {
         assert_eq!(ino("same"), ino("a/f"));
         assert_eq!(ino("a/g"), ino("a/f"));
         assert_eq!(std::fs::read(host.join("same")).unwrap(), b"ab");
-        for skipped in ["out", "through", "to-link", "missing"] {
+        for skipped in ["out", "through", "to-link", "missing", "stolen"] {
             assert_eq!(ino(skipped), None, "{skipped}");
         }
         assert_eq!(std::fs::metadata(outside.join("x")).unwrap().nlink(), 1);
-        let names: Vec<_> = std::fs::read_dir(&host)
-            .unwrap()
+        assert_eq!(
+            std::fs::metadata(host.join("host-only")).unwrap().nlink(),
+            1
+        );
+        let names: Vec<_> = ["", "a"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(host.join(d)).unwrap())
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .filter(|n| n.starts_with(".runcell-tmp"))
             .collect();
         assert!(names.is_empty(), "{names:?}");
         std::fs::remove_dir_all(&base).unwrap();
     }
+
     /// What the sandbox sends back never gains privileges on the host nor writes through
     /// a host symlink.
     #[tokio::test]

@@ -110,6 +110,14 @@ pub(crate) async fn put(session: &Arc<Session>, dir: &str, tar: ByteStream) -> R
     }
 }
 
+/// Whether `path` is relative and made of plain names (no empty, `.` or `..` component).
+fn plain_relative(path: &[u8]) -> bool {
+    !path.is_empty()
+        && path
+            .split(|&b| b == b'/')
+            .all(|c| !c.is_empty() && c != b"." && c != b"..")
+}
+
 /// An archive's path as tar extracts it: leading `/` and `./` and trailing `/` dropped.
 fn relative(mut path: &[u8]) -> &[u8] {
     loop {
@@ -317,6 +325,11 @@ fn write_entries(
             io::Error::other(format!("{why} (after {last})"))
         }
     };
+    // Paths (keyed hashes) of the regular files sent marked as link targets: the only
+    // files a hard link may name.
+    let keys = std::collections::hash_map::RandomState::new();
+    use std::hash::BuildHasher as _;
+    let mut targets = std::collections::HashSet::new();
     let mut next = Some(first);
     loop {
         let entry = match next.take() {
@@ -341,8 +354,17 @@ fn write_entries(
             },
         };
         last = String::from_utf8_lossy(&entry.path).into_owned();
+        // The helper is the sandbox's: a path that is not relative and plain (`..`, empty
+        // or `.` components) would name something outside the archive's tree for whoever
+        // unpacks it (a long name goes out as a raw record, past the tar crate's check).
+        if !plain_relative(&entry.path) {
+            return Err(io::Error::other(format!(
+                "the exec helper sent an entry named {}",
+                crate::Shown(&last)
+            )));
+        }
         let mut header = tar::Header::new_gnu();
-        header.set_mode(entry.mode);
+        header.set_mode(entry.mode & 0o7777);
         header.set_uid(u64::from(entry.uid));
         header.set_gid(u64::from(entry.gid));
         header.set_mtime(entry.mtime.max(0) as u64);
@@ -363,6 +385,13 @@ fn write_entries(
                 builder.append_link(&mut header, &path, target)?;
             }
             proto::HARDLINK => {
+                // Only to a file sent before it, marked as one.
+                if !plain_relative(&entry.link) || !targets.contains(&keys.hash_one(&entry.link)) {
+                    return Err(io::Error::other(format!(
+                        "the exec helper sent a hard link ({}) to a file it did not send",
+                        crate::Shown(&last)
+                    )));
+                }
                 header.set_entry_type(tar::EntryType::Link);
                 header.set_size(0);
                 let target =
@@ -375,6 +404,16 @@ fn write_entries(
                 builder.append_data(&mut header, &path, io::empty())?;
             }
             proto::REGULAR => {
+                if entry.mode & proto::LINK_TARGET != 0 {
+                    if targets.len() >= proto::MAX_GET_LINKS {
+                        return Err(io::Error::other(format!(
+                            "the exec helper marked more than {} files as hard link targets ({})",
+                            proto::MAX_GET_LINKS,
+                            crate::Shown(&last)
+                        )));
+                    }
+                    targets.insert(keys.hash_one(&entry.path));
+                }
                 header.set_entry_type(tar::EntryType::Regular);
                 header.set_size(entry.size);
                 let data = Data {

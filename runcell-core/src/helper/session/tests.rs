@@ -627,3 +627,130 @@ async fn attach_and_list_answers_are_checked() {
     let why = dead_within(&session, Duration::from_secs(5)).await;
     assert!(why.contains("listed"), "{why}");
 }
+
+/// What a hostile helper sends for a `GET`, turned into an archive: `Ok` with its
+/// entries (path, type, link name), or the stream's error.
+async fn archive_of(
+    entries: &[proto::Entry],
+) -> std::result::Result<Vec<(String, tar::EntryType, String)>, String> {
+    let (session, mut peer) = opened().await;
+    let get = tokio::spawn({
+        let session = session.clone();
+        async move { crate::helper::files::get(&session, "/x").await }
+    });
+    let (id, _) = peer.expect(proto::GET).await;
+    for e in entries {
+        let mut f = Enc::frame(proto::ENTRY, id);
+        e.encode(&mut f);
+        peer.send(f.finish());
+        if e.size > 0 {
+            peer.send(data(proto::STDOUT, id, e.size as usize));
+        }
+    }
+    peer.send(Enc::frame(proto::DONE, id).finish());
+    let mut stream = get.await.unwrap().map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        bytes.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
+    }
+    let mut archive = tar::Archive::new(&bytes[..]);
+    let mut out = Vec::new();
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let link = entry
+            .link_name_bytes()
+            .map(|l| String::from_utf8_lossy(&l).into_owned())
+            .unwrap_or_default();
+        out.push((
+            String::from_utf8_lossy(&entry.path_bytes()).into_owned(),
+            entry.header().entry_type(),
+            link,
+        ));
+    }
+    Ok(out)
+}
+
+fn entry(path: &str, kind: u8, mode: u32, size: u64, link: &str) -> proto::Entry {
+    proto::Entry {
+        path: path.as_bytes().to_vec(),
+        kind,
+        mode,
+        size,
+        link: link.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A helper's archive names nothing outside its tree: an entry path with `..` (or empty,
+/// `.`, absolute) fails the GET, and so does a hard link to anything but a regular file
+/// it sent before, marked as a link target; such a link goes into the archive.
+#[tokio::test]
+async fn a_helpers_archive_names_nothing_outside_its_tree() {
+    use proto::{DIRECTORY, HARDLINK, LINK_TARGET, REGULAR};
+    let dir = entry("x", DIRECTORY, 0o755, 0, "");
+    let marked = entry("x/a", REGULAR, 0o644 | LINK_TARGET, 1, "");
+    let unmarked = entry("x/b", REGULAR, 0o644, 1, "");
+    let fine = archive_of(&[
+        dir.clone(),
+        marked.clone(),
+        entry("x/l", HARDLINK, 0, 0, "x/a"),
+    ])
+    .await
+    .expect("a link to a marked file");
+    assert_eq!(
+        fine.last(),
+        Some(&("x/l".to_string(), tar::EntryType::Link, "x/a".to_string()))
+    );
+    for (case, entries) in [
+        (
+            "a path out",
+            vec![
+                dir.clone(),
+                entry("x/../../etc/passwd", REGULAR, 0o644, 1, ""),
+            ],
+        ),
+        (
+            "an absolute path",
+            vec![entry("/etc/passwd", REGULAR, 0o644, 1, "")],
+        ),
+        (
+            "an empty component",
+            vec![dir.clone(), entry("x//a", REGULAR, 0o644, 1, "")],
+        ),
+        (
+            "a link out",
+            vec![
+                dir.clone(),
+                marked.clone(),
+                entry("x/l", HARDLINK, 0, 0, "x/../../home/u/.ssh/id"),
+            ],
+        ),
+        (
+            "a link to an unmarked file",
+            vec![
+                dir.clone(),
+                unmarked.clone(),
+                entry("x/l", HARDLINK, 0, 0, "x/b"),
+            ],
+        ),
+        (
+            "a link to a file not sent",
+            vec![dir.clone(), entry("x/l", HARDLINK, 0, 0, "x/a")],
+        ),
+        (
+            "a link sent before its file",
+            vec![
+                dir.clone(),
+                entry("x/l", HARDLINK, 0, 0, "x/a"),
+                marked.clone(),
+            ],
+        ),
+        (
+            "an unknown type",
+            vec![dir.clone(), entry("x/c", 9, 0o644, 0, "")],
+        ),
+    ] {
+        let got = archive_of(&entries).await;
+        assert!(got.is_err(), "{case}: {got:?}");
+    }
+}
