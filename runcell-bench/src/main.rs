@@ -443,6 +443,10 @@ async fn main() -> Res<()> {
     };
     let helper_spec = spec.clone().exec_helper(ExecHelper::Required);
     let plain_spec = spec.clone().exec_helper(ExecHelper::Off);
+    // One part alone (`RUNCELL_BENCH_ONLY=snapshots`), e.g. while working on it.
+    if std::env::var("RUNCELL_BENCH_ONLY").as_deref() == Ok("snapshots") {
+        return snapshots(&driver, &name, &spec, rounds).await;
+    }
 
     println!("== {name}: one tool call (`true`), {rounds} rounds of 5 calls per arm, interleaved");
     let helper: Arc<dyn Run> = Arc::from(driver.create(&helper_spec).await?);

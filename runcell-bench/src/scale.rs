@@ -1,11 +1,13 @@
 //! What each run costs at scale (#24), on one driver: for each N of a ladder, N runs are
 //! started cold (each with its helper stream held), kept busy (one small exec per second
 //! each, a few printing 1 MiB), then runs are claimed from a warm pool beside them, and
-//! all are stopped. Printed for each N: start throughput cold and pooled, exec p50/p99
-//! while all are busy, what the host process holds per run (RSS, threads, descriptors,
-//! sockets), what the engine side holds per run (the container's memory cgroup: helper
-//! and keep-alive; the runtime shims), the time to stop all, and what is left (must be
-//! nothing).
+//! all are stopped. Then another process starts N runs and holds them: a reap from this
+//! process beside them (their owner alive) must remove none; the holder is SIGKILLed and
+//! a reap must remove all N. Printed for each N: start throughput cold and pooled, exec
+//! p50/p99 while all are busy, what the host process holds per run (RSS, threads,
+//! descriptors, sockets), what the engine side holds per run (the container's memory
+//! cgroup: helper and keep-alive; the runtime shims), the time to stop all, the two
+//! reaps' times, and what is left (must be nothing).
 //!
 //! `cargo xtask bench scale [N,N,...]`, or
 //! `cargo run --release -p runcell-bench --bin scale -- <docker> [N,N,...] [busy secs]`.
@@ -130,29 +132,13 @@ async fn scale(driver: &Arc<dyn Driver>, spec: &RunSpec, n: usize, busy: Duratio
     // Cold starts, PARALLEL at a time, each answered one exec (its helper stream held),
     // in two halves: what the second half adds is what a run keeps (the first one also
     // raises the allocator's high-water mark of creates in flight).
-    let start = |count: usize| {
-        futures::stream::iter(0..count)
-            .map(|_| async {
-                let run: Arc<dyn Run> = Arc::from(driver.create(spec).await?);
-                run.exec(ExecSpec::new(["true"])).await?;
-                Ok(run)
-            })
-            .buffer_unordered(PARALLEL)
-            .collect::<Vec<Res<Arc<dyn Run>>>>()
-    };
     let t = Instant::now();
-    let mut results = start(n / 2).await;
+    let (mut runs, mut failed) = start_runs(driver, spec, n / 2).await;
     let half = held();
-    results.extend(start(n - n / 2).await);
+    let (more, more_failed) = start_runs(driver, spec, n - n / 2).await;
+    runs.extend(more);
+    failed.extend(more_failed);
     let cold = t.elapsed();
-    let mut runs = Vec::new();
-    let mut failed = Vec::new();
-    for r in results {
-        match r {
-            Ok(run) => runs.push(run),
-            Err(e) => failed.push(e.to_string()),
-        }
-    }
     println!(
         "cold start: {} runs in {:.1} s = {:.1} runs/s{}",
         runs.len(),
@@ -302,10 +288,101 @@ async fn scale(driver: &Arc<dyn Driver>, spec: &RunSpec, n: usize, busy: Duratio
     Ok(())
 }
 
+/// Starts `n` runs of `spec` (PARALLEL at a time, each answered one exec), the runs
+/// that started and the first error of those that did not.
+async fn start_runs(
+    driver: &Arc<dyn Driver>,
+    spec: &RunSpec,
+    n: usize,
+) -> (Vec<Arc<dyn Run>>, Vec<String>) {
+    let results: Vec<Res<Arc<dyn Run>>> = futures::stream::iter(0..n)
+        .map(|_| async {
+            let run: Arc<dyn Run> = Arc::from(driver.create(spec).await?);
+            run.exec(ExecSpec::new(["true"])).await?;
+            Ok(run)
+        })
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await;
+    let (mut runs, mut failed) = (Vec::new(), Vec::new());
+    for r in results {
+        match r {
+            Ok(run) => runs.push(run),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    (runs, failed)
+}
+
+/// The holder (`scale --hold DRIVER N`): starts N runs, says `held K` on stdout, and keeps
+/// them (their helper streams held) until it is killed.
+async fn hold(driver: &Arc<dyn Driver>, spec: &RunSpec, n: usize) -> Res<()> {
+    let (runs, failed) = start_runs(driver, spec, n).await;
+    if let Some(first) = failed.first() {
+        eprintln!("holder: {} starts failed, first: {first}", failed.len());
+    }
+    println!("held {}", runs.len());
+    std::future::pending::<()>().await;
+    drop(runs);
+    Ok(())
+}
+
+/// Cleanup at scale: another process holds N runs; a reap beside them removes none of
+/// theirs (their owner lives); once it is SIGKILLed, a reap removes them all.
+async fn kill_and_reap(driver: &Arc<dyn Driver>, name: &str, n: usize) -> Res<()> {
+    use tokio::io::AsyncBufReadExt;
+    let selector: BTreeMap<String, String> = [(LABEL.0.to_string(), LABEL.1.to_string())].into();
+    let mut holder = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--hold", name, &n.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = holder.stdout.take().ok_or("the holder has no stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let said = tokio::time::timeout(Duration::from_secs(900), lines.next_line())
+        .await
+        .map_err(|_| "the holder started nothing in 900 s")??
+        .unwrap_or_default();
+    let held: usize = said
+        .strip_prefix("held ")
+        .and_then(|k| k.parse().ok())
+        .ok_or_else(|| format!("the holder said {said:?}"))?;
+    let t = Instant::now();
+    let beside = runcell_core::reap(&**driver, &selector).await?;
+    let beside_took = t.elapsed();
+    let theirs = driver.list(&selector).await?.len();
+    holder.start_kill()?;
+    holder.wait().await?;
+    let t = Instant::now();
+    let reaped = runcell_core::reap(&**driver, &selector).await?;
+    let took = t.elapsed();
+    let left = driver.list(&selector).await?.len();
+    println!(
+        "another process held {held} runs: a reap beside them removed {} in {:.1} s ({theirs} still listed); after its SIGKILL a reap removed {} in {:.1} s ({:.0} ms a run); left: {left} runs",
+        beside.len(),
+        beside_took.as_secs_f64(),
+        reaped.len(),
+        took.as_secs_f64(),
+        ms(took) / reaped.len().max(1) as f64
+    );
+    if held != n || !beside.is_empty() || theirs != held || reaped.len() != held || left != 0 {
+        return Err(format!(
+            "N = {n}: held {held}, reaped beside a live owner {}, listed {theirs}, reaped after SIGKILL {}, left {left}",
+            beside.len(),
+            reaped.len()
+        )
+        .into());
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Res<()> {
-    runcell_core::stop_runs_on_signal()?;
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let holding = args.next_if(|a| a == "--hold").is_some();
+    if !holding {
+        runcell_core::stop_runs_on_signal()?;
+    }
     let name = args.next().unwrap_or_else(|| "docker".into());
     let ladder: Vec<usize> = args
         .next()
@@ -323,6 +400,9 @@ async fn main() -> Res<()> {
     if driver.capabilities().network_none {
         spec = spec.network(Network::None);
     }
+    if holding {
+        return hold(&driver, &spec, ladder.first().copied().unwrap_or(0)).await;
+    }
     println!(
         "== {name}: scale ladder {ladder:?}, busy {} s, {} cores",
         busy.as_secs(),
@@ -330,6 +410,7 @@ async fn main() -> Res<()> {
     );
     for n in ladder {
         scale(&driver, &spec, n, busy).await?;
+        kill_and_reap(&driver, &name, n).await?;
     }
     Ok(())
 }
