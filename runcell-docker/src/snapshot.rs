@@ -144,6 +144,7 @@ impl DockerDriver {
         workspace_archive: Option<runcell_core::files::ByteStream>,
     ) -> Result<Snapshot> {
         let docker = &self.docker;
+        let began = std::time::Instant::now();
         // The commit, the workspace's read and the load take as long as the changes are
         // big: not the client's per-request timeout.
         let slow = self.docker.clone().with_timeout(SLOW);
@@ -200,7 +201,18 @@ impl DockerDriver {
             docker: docker.clone(),
             image: Some(committed.clone()),
         };
+        tracing::debug!(
+            run = id,
+            ms = began.elapsed().as_millis() as u64,
+            "snapshot: committed"
+        );
         let (layer, layer_bytes) = self.read_layer(id, &workspace, workspace_archive).await?;
+        tracing::debug!(
+            run = id,
+            ms = began.elapsed().as_millis() as u64,
+            bytes = layer_bytes,
+            "snapshot: workspace layer written"
+        );
 
         let committed_inspect = docker
             .inspect_image(&committed)
@@ -250,6 +262,11 @@ impl DockerDriver {
             image: Some(tag.clone()),
         };
         self.load(kept, (head, layer_file, tail)).await?;
+        tracing::debug!(
+            run = id,
+            ms = began.elapsed().as_millis() as u64,
+            "snapshot: loaded"
+        );
         let image = docker
             .inspect_image(&tag)
             .await
