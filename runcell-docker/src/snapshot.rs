@@ -192,21 +192,28 @@ impl DockerDriver {
             .pause(false)
             .changes(&changes)
             .build();
-        let committed = slow
-            .commit_container(options, bollard::models::ContainerConfig::default())
-            .await
-            .map_err(|e| error::map("commit container", e).with("run", id))?
-            .id;
+        // The commit and the workspace's layer side by side (the helper reads the
+        // workspace; dockerd's archive, on the plain path, waits for the commit's lock).
+        let commit = async {
+            let made = slow
+                .commit_container(options, bollard::models::ContainerConfig::default())
+                .await
+                .map_err(|e| error::map("commit container", e).with("run", id));
+            tracing::debug!(
+                run = id,
+                ms = began.elapsed().as_millis() as u64,
+                "snapshot: committed"
+            );
+            made
+        };
+        let (committed, layer) =
+            tokio::join!(commit, self.read_layer(id, &workspace, workspace_archive));
+        let committed = committed?.id;
         let commit = ImageGuard {
             docker: docker.clone(),
             image: Some(committed.clone()),
         };
-        tracing::debug!(
-            run = id,
-            ms = began.elapsed().as_millis() as u64,
-            "snapshot: committed"
-        );
-        let (layer, layer_bytes) = self.read_layer(id, &workspace, workspace_archive).await?;
+        let (layer, layer_bytes) = layer?;
         tracing::debug!(
             run = id,
             ms = began.elapsed().as_millis() as u64,
