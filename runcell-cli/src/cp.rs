@@ -314,8 +314,10 @@ async fn copy_out_until(
     Ok(target)
 }
 
-/// Regular files one copy remembers for the hard links that name them.
+/// Regular files one copy remembers for the hard links that name them, and their paths'
+/// bytes.
 const MADE_FILES: usize = 1 << 20;
+const MADE_PATH_BYTES: usize = 64 << 20;
 
 fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
     let mut archive = tar::Archive::new(reader);
@@ -329,9 +331,15 @@ fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
     // symlink would lead out of `dst`. A hard link only to a regular file this copy wrote
     // (by path, then by inode): the archive is the sandbox's, and `dst` may hold the
     // user's own files.
+    // As `unpack_in` places an entry: without `/` and `.` components.
     let plain = |p: &Path| -> PathBuf {
         p.components()
-            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .filter(|c| {
+                !matches!(
+                    c,
+                    std::path::Component::CurDir | std::path::Component::RootDir
+                )
+            })
             .collect()
     };
     let inode = |p: &Path| {
@@ -342,6 +350,7 @@ fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
             .map(|m| (m.dev(), m.ino()))
     };
     let mut made: HashMap<PathBuf, (u64, u64)> = HashMap::new();
+    let mut made_bytes = 0usize;
     for entry in archive
         .entries()
         .map_err(|e| format!("reading the archive: {e}"))?
@@ -377,10 +386,13 @@ fn unpack(reader: impl std::io::Read, dst: &Path) -> Result<(), String> {
                 return Err(format!("{path}: refused, its hard link's file changed"));
             }
             Ok(true) => {
+                let len = at.as_os_str().len();
                 if kind == tar::EntryType::Regular
                     && made.len() < MADE_FILES
+                    && made_bytes + len <= MADE_PATH_BYTES
                     && let Some(id) = inode(&dst.join(&at))
                 {
+                    made_bytes += len;
                     made.insert(at, id);
                 }
             }

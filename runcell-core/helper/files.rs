@@ -163,6 +163,41 @@ fn create_temp<T>(mut create: impl FnMut(&CStr) -> io::Result<T>) -> io::Result<
     Err(last.unwrap_or_else(|| io::Error::from(ErrorKind::AlreadyExists)))
 }
 
+/// Makes a fifo or symlink (`make`, of the type `kind` accepts) at `name` in `dir`
+/// where no other user can reach it before it is in place: in a private staging
+/// directory made beside `name` (same filesystem), set up there through a descriptor
+/// (`set`: owner, mode), then renamed to `name`. Another user who can write in `dir` can
+/// move the staging directory but never enter it, nor choose what is set up.
+fn staged(
+    dir: &File,
+    name: &CStr,
+    make: impl FnOnce(&File, &CStr) -> io::Result<()>,
+    kind: impl Fn(fs::FileType) -> bool,
+    set: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<()> {
+    let (stage_name, ()) = create_temp(|t| sys::mkdirat(dir.as_fd(), t, 0o700))?;
+    let entry = c"e";
+    let mut stage = None;
+    let done = (|| {
+        let s = stage.insert(open_in(dir, &stage_name, O_DIRECTORY)?);
+        if !fresh_dir(s) {
+            return Err(io::Error::other("the staging directory was replaced"));
+        }
+        make(s, entry)?;
+        set(&made_here(s, entry, kind)?)?;
+        sys::rename_between(s.as_fd(), entry, dir.as_fd(), name)
+    })();
+    if let Some(s) = &stage
+        && done.is_err()
+    {
+        let _ = sys::unlinkat(s.as_fd(), entry);
+    }
+    // Empty now, unless another user swapped a directory of its own in (then not ours
+    // to remove, and `rmdir` fails unless it is empty).
+    let _ = sys::rmdirat(dir.as_fd(), &stage_name);
+    done
+}
+
 /// What this process just made at the temporary name `tmp` in `dir`, opened without
 /// following it: of the type `kind` accepts, owned by this process's user, with one
 /// name; an error otherwise (another user who can write in `dir` swapped the name).
@@ -177,6 +212,17 @@ fn made_here(dir: &File, tmp: &CStr, kind: impl Fn(fs::FileType) -> bool) -> io:
             "what was made under a temporary name was replaced",
         ))
     }
+}
+
+/// Whether the directory `d` is one this process just made: its own, private (as
+/// `mkdirat(0700)` makes it), with no entries.
+fn fresh_dir(d: &File) -> bool {
+    let (_, _, euid) = sys::ids();
+    let ours = d
+        .metadata()
+        .is_ok_and(|m| m.uid() == euid && m.mode() & 0o077 == 0 && m.nlink() == 2);
+    ours && fs::read_dir(format!("/proc/self/fd/{}", d.as_raw_fd()))
+        .is_ok_and(|mut entries| entries.next().is_none())
 }
 
 /// `Err(IsDir)` if a directory is at `name` in `dir` (a file or link there is replaced).
@@ -198,26 +244,39 @@ pub(crate) struct Put {
     /// The regular file whose data is being received.
     pub(crate) file: Option<PutFile>,
     /// The regular files this `PUT` wrote, by path: their (device, inode), the only
-    /// files a [`HARDLINK`] may name (at most [`MAX_GET_LINKS`] entries and
+    /// files a [`HARDLINK`] may name (at most [`MAX_PUT_FILES`] entries and
     /// [`MAX_LINK_PATH_BYTES`] of paths remembered).
     made: Links<Vec<u8>, (u64, u64)>,
+    /// The last [`HELD_FILES`] files written, still open: a hard link to one of them
+    /// links that very file (its inode cannot have been freed and given to another).
+    held: std::collections::VecDeque<(Vec<u8>, File)>,
 }
+
+/// A regular file a `PUT` wrote: its path, (device, inode) and descriptor.
+type Written = (Vec<u8>, (u64, u64), File);
+
+/// The most regular files a `PUT` remembers for hard links.
+const MAX_PUT_FILES: usize = 1 << 20;
+/// The files a `PUT` keeps open for hard links to them.
+const HELD_FILES: usize = 256;
 
 /// The most path bytes a `GET` or `PUT` remembers for hard links.
 const MAX_LINK_PATH_BYTES: usize = 64 << 20;
 
-/// Files remembered for hard links, bounded in count ([`MAX_GET_LINKS`]) and path bytes
+/// Files remembered for hard links, bounded in count and path bytes
 /// ([`MAX_LINK_PATH_BYTES`]).
 struct Links<K, V> {
     map: HashMap<K, V>,
     bytes: usize,
+    cap: usize,
 }
 
 impl<K: std::hash::Hash + Eq, V> Links<K, V> {
-    fn new() -> Self {
+    fn new(cap: usize) -> Self {
         Links {
             map: HashMap::new(),
             bytes: 0,
+            cap,
         }
     }
 
@@ -227,7 +286,7 @@ impl<K: std::hash::Hash + Eq, V> Links<K, V> {
         if let Some(old) = self.map.get_mut(&k) {
             *old = v;
             true
-        } else if self.map.len() < MAX_GET_LINKS && self.bytes + len <= MAX_LINK_PATH_BYTES {
+        } else if self.map.len() < self.cap && self.bytes + len <= MAX_LINK_PATH_BYTES {
             self.bytes += len;
             self.map.insert(k, v);
             true
@@ -252,7 +311,7 @@ pub(crate) struct PutFile {
 impl PutFile {
     /// Owner, mode, mtime (all on the open file), then the rename over its name; the
     /// file's path and (device, inode).
-    fn finish(self, root: bool) -> Result<(Vec<u8>, (u64, u64)), Failure> {
+    fn finish(self, root: bool) -> Result<Written, Failure> {
         let e = &self.entry;
         let r = (|| {
             let md = self.file.metadata()?;
@@ -272,7 +331,7 @@ impl PutFile {
             Ok((md.dev(), md.ino()))
         })();
         match r {
-            Ok(id) => Ok((self.rel, id)),
+            Ok(id) => Ok((self.rel, id, self.file)),
             Err(err) => {
                 let _ = sys::unlinkat(self.dir.as_fd(), &self.tmp);
                 Err((file_error_kind(&err), self.rel.clone(), err.to_string()))
@@ -306,8 +365,20 @@ impl Put {
             failed: base.is_none(),
             base,
             file: None,
-            made: Links::new(),
+            made: Links::new(MAX_PUT_FILES),
+            held: std::collections::VecDeque::new(),
         }
+    }
+
+    /// Remembers a regular file written, for hard links to it.
+    fn wrote(&mut self, (rel, id, file): Written) {
+        let len = rel.len();
+        self.held.retain(|(p, _)| *p != rel);
+        if self.held.len() == HELD_FILES {
+            self.held.pop_front();
+        }
+        self.held.push_back((rel.clone(), file));
+        self.made.remember(rel, id, len);
     }
 
     /// The first failure: `FILE_ERROR` once, then the operation's frames are discarded.
@@ -352,37 +423,49 @@ impl Put {
         let mode = e.mode & 0o7777;
         match e.kind {
             DIRECTORY => {
-                let opened = match open_in(&dir, &name, O_DIRECTORY) {
+                // Where another user can change the entries (an untrusted parent), an
+                // existing directory keeps its owner and mode (that user may have moved
+                // any directory it can reach to this name), and one just made is changed
+                // only once checked to be it (ours, private, empty).
+                let parent_trusted = dir.metadata().is_ok_and(|m| trusted(&m));
+                let (opened, fresh) = match open_in(&dir, &name, O_DIRECTORY) {
                     Err(x) if x.raw_os_error() == Some(ENOENT) => {
                         sys::mkdirat(dir.as_fd(), &name, 0o700).map_err(io_err)?;
-                        open_in(&dir, &name, O_DIRECTORY)
+                        (open_in(&dir, &name, O_DIRECTORY), true)
                     }
-                    other => other,
+                    other => (other, false),
                 };
                 let d = opened.map_err(in_the_way)?;
-                if root {
-                    std::os::unix::fs::fchown(&d, Some(e.uid), Some(e.gid)).map_err(io_err)?;
+                if fresh && !parent_trusted && !fresh_dir(&d) {
+                    return Err(err(
+                        FileError::Invalid,
+                        "the directory made was replaced by another",
+                    ));
                 }
-                d.set_permissions(Permissions::from_mode(mode))
-                    .map_err(io_err)?;
+                if fresh || parent_trusted {
+                    if root {
+                        std::os::unix::fs::fchown(&d, Some(e.uid), Some(e.gid)).map_err(io_err)?;
+                    }
+                    d.set_permissions(Permissions::from_mode(mode))
+                        .map_err(io_err)?;
+                }
             }
             SYMLINK => {
                 no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
                 let target = cstr(&e.link).map_err(io_err)?;
-                let (tmp, ()) =
-                    create_temp(|t| sys::symlinkat(&target, dir.as_fd(), t)).map_err(io_err)?;
-                // The owner through a descriptor of what was made: another user who can
-                // write here may have swapped the name since.
-                let owned = if root {
-                    made_here(&dir, &tmp, |t| t.is_symlink())
-                        .and_then(|f| sys::fchown_fd(f.as_fd(), e.uid, e.gid))
-                } else {
-                    Ok(())
-                };
-                if let Err(x) = owned.and_then(|()| sys::renameat(dir.as_fd(), &tmp, &name)) {
-                    let _ = sys::unlinkat(dir.as_fd(), &tmp);
-                    return Err(io_err(x));
-                }
+                staged(
+                    &dir,
+                    &name,
+                    |stage, n| sys::symlinkat(&target, stage.as_fd(), n),
+                    |t| t.is_symlink(),
+                    |f| {
+                        if root {
+                            sys::fchown_fd(f.as_fd(), e.uid, e.gid)?;
+                        }
+                        Ok(())
+                    },
+                )
+                .map_err(io_err)?;
             }
             REGULAR => {
                 no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
@@ -399,9 +482,8 @@ impl Put {
                     entry: e,
                 };
                 if pf.left == 0 {
-                    let (rel, id) = pf.finish(root)?;
-                    let len = rel.len();
-                    self.made.remember(rel, id, len);
+                    let made = pf.finish(root)?;
+                    self.wrote(made);
                 } else {
                     self.file = Some(pf);
                 }
@@ -416,16 +498,31 @@ impl Put {
                         "a hard link to a path this PUT wrote no regular file at",
                     ));
                 };
-                let tparts: Vec<&[u8]> = e.link.split(|&b| b == b'/').collect();
-                let (tlast, tparents) = tparts.split_last().expect("a remembered path");
-                let mut tdir = base.try_clone().map_err(io_err)?;
-                for p in tparents {
-                    let n = cstr(p).map_err(io_err)?;
-                    tdir = open_in(&tdir, &n, O_PATH | O_DIRECTORY).map_err(io_err)?;
-                }
-                let tname = cstr(tlast).map_err(io_err)?;
-                let (tmp, ()) = create_temp(|t| sys::linkat(tdir.as_fd(), &tname, dir.as_fd(), t))
-                    .map_err(io_err)?;
+                let held = self.held.iter().find(|(p, _)| *p == e.link);
+                let (tmp, ()) = if let Some((_, f)) = held {
+                    // The very file written, through its descriptor.
+                    create_temp(|t| sys::link_fd(f.as_fd(), dir.as_fd(), t)).map_err(io_err)?
+                } else {
+                    // By name: only where no other user can change the file's directory
+                    // (elsewhere, one could delete the file and have its inode number
+                    // given to a file of its own).
+                    let tparts: Vec<&[u8]> = e.link.split(|&b| b == b'/').collect();
+                    let (tlast, tparents) = tparts.split_last().expect("a remembered path");
+                    let mut tdir = base.try_clone().map_err(io_err)?;
+                    for p in tparents {
+                        let n = cstr(p).map_err(io_err)?;
+                        tdir = open_in(&tdir, &n, O_PATH | O_DIRECTORY).map_err(io_err)?;
+                    }
+                    if !tdir.metadata().is_ok_and(|m| trusted(&m)) {
+                        return Err(err(
+                            FileError::Invalid,
+                            "a hard link to a file written long before, in a directory other users can change",
+                        ));
+                    }
+                    let tname = cstr(tlast).map_err(io_err)?;
+                    create_temp(|t| sys::linkat(tdir.as_fd(), &tname, dir.as_fd(), t))
+                        .map_err(io_err)?
+                };
                 let same = |n: &CStr| {
                     open_in(&dir, n, O_PATH)
                         .and_then(|f| f.metadata())
@@ -452,22 +549,20 @@ impl Put {
             }
             FIFO => {
                 no_directory_at(&dir, &name).map_err(|k| err(k, "a directory is in the way"))?;
-                let (tmp, ()) =
-                    create_temp(|t| sys::mkfifoat(dir.as_fd(), t, 0o600)).map_err(io_err)?;
-                // Owner and mode through a descriptor of what was made, checked to be
-                // ours (another user who can write here may have swapped the name since).
-                let placed = made_here(&dir, &tmp, |t| t.is_fifo()).and_then(|f| {
-                    if root {
-                        sys::fchown_fd(f.as_fd(), e.uid, e.gid)?;
-                    }
-                    let at = format!("/proc/self/fd/{}", f.as_raw_fd());
-                    fs::set_permissions(&at, Permissions::from_mode(mode))?;
-                    sys::renameat(dir.as_fd(), &tmp, &name)
-                });
-                if let Err(x) = placed {
-                    let _ = sys::unlinkat(dir.as_fd(), &tmp);
-                    return Err(io_err(x));
-                }
+                staged(
+                    &dir,
+                    &name,
+                    |stage, n| sys::mkfifoat(stage.as_fd(), n, 0o600),
+                    |t| t.is_fifo(),
+                    |f| {
+                        if root {
+                            sys::fchown_fd(f.as_fd(), e.uid, e.gid)?;
+                        }
+                        let at = format!("/proc/self/fd/{}", f.as_raw_fd());
+                        fs::set_permissions(&at, Permissions::from_mode(mode))
+                    },
+                )
+                .map_err(io_err)?;
             }
             k => return Err(err(FileError::Invalid, &format!("unknown entry type {k}"))),
         }
@@ -495,9 +590,8 @@ impl Put {
             .map_err(|x| (file_error_kind(&x), pf.rel.clone(), x.to_string()))?;
         pf.left -= data.len() as u64;
         if let Some(pf) = self.file.take_if(|pf| pf.left == 0) {
-            let (rel, id) = pf.finish(root)?;
-            let len = rel.len();
-            self.made.remember(rel, id, len);
+            let made = pf.finish(root)?;
+            self.wrote(made);
         }
         Ok(())
     }
@@ -619,7 +713,8 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
     let mut stack = vec![(Arc::new(parent), base.to_vec(), base.to_vec())];
     let mut first = true;
     // Multiply-linked files sent, by (device, inode): their path and what they were.
-    let mut links: Links<(u64, u64), (Vec<u8>, Stamp)> = Links::new();
+    let mut links: Links<(u64, u64), (Vec<u8>, Stamp)> = Links::new(MAX_GET_LINKS);
+    let mut marked = 0usize;
     while let Some((dir, name, rel)) = stack.pop() {
         let io_err = |e: &io::Error| {
             let kind = match e.raw_os_error() {
@@ -688,8 +783,13 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
             }
             let size = md.len();
             let mut e = entry_of(&rel, REGULAR, &md, size, Vec::new());
-            if md.nlink() > 1 && links.remember(key, (rel.clone(), stamp), rel.len()) {
+            // At most MAX_GET_LINKS marks in all (the host's bound), whatever replaced.
+            if md.nlink() > 1
+                && marked < MAX_GET_LINKS
+                && links.remember(key, (rel.clone(), stamp), rel.len())
+            {
                 e.mode |= LINK_TARGET;
+                marked += 1;
             } else {
                 links.map.remove(&key);
             }

@@ -66,9 +66,12 @@
 //!   ([`Entry`], `path` relative to that directory); a regular file's `ENTRY` is followed by
 //!   exactly `size` bytes of `STDIN` frames (same window and `STDIN_ACK` as an exec); then
 //!   `STDIN_EOF`. The helper creates directories, files, symlinks, fifos and hard links (to
-//!   a regular file this same `PUT` wrote, checked by inode: mode and owner are that
-//!   file's), with mode (and owner when it runs as root; set through a descriptor of what
-//!   it made, checked to be its own), replaces a regular file or symlink by a file, and never replaces a
+//!   a regular file this same `PUT` wrote: through its still-open descriptor for the last
+//!   256, by name and inode where no other user can change its directory; mode and owner
+//!   are that file's), with mode (and owner when it runs as root) set through a
+//!   descriptor of what it made (fifos and symlinks are made in a private staging
+//!   directory beside their place); a directory already there keeps its owner and mode
+//!   when another user can change the entries of its parent, replaces a regular file or symlink by a file, and never replaces a
 //!   directory by a non-directory or the reverse. It answers `DONE` or `FILE_ERROR`
 //!   ([`FileError`] kind u8, the relative path, message) for the first failure, after which
 //!   it discards the operation's remaining frames. A file is written under a temporary

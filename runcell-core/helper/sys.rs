@@ -449,6 +449,8 @@ pub const O_NONBLOCK_OPEN: c_int = O_NONBLOCK;
 const AT_FDCWD: c_int = -100;
 const AT_SYMLINK_NOFOLLOW: c_int = 0x100;
 const AT_EMPTY_PATH: c_int = 0x1000;
+const AT_SYMLINK_FOLLOW: c_int = 0x400;
+const AT_REMOVEDIR: c_int = 0x200;
 
 unsafe extern "C" {
     #[link_name = "openat"]
@@ -535,10 +537,53 @@ pub fn linkat(
     .map(drop)
 }
 
+/// `linkat(2)` of the file descriptor `f` names (through `/proc/self/fd`, followed):
+/// `to` in `to_dir` becomes another name of that very inode.
+pub fn link_fd(f: BorrowedFd<'_>, to_dir: BorrowedFd<'_>, to: &CStr) -> io::Result<()> {
+    let from = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .map_err(|_| io::Error::from_raw_os_error(EINVAL))?;
+    // SAFETY: NUL-terminated names that outlive the call; integer arguments.
+    check(unsafe {
+        c_linkat(
+            AT_FDCWD,
+            from.as_ptr(),
+            to_dir.as_raw_fd(),
+            to.as_ptr(),
+            AT_SYMLINK_FOLLOW,
+        )
+    })
+    .map(drop)
+}
+
 /// `mkfifoat(3)`: a named pipe `name` in `dir` (the mode less the umask).
 pub fn mkfifoat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
     // SAFETY: a NUL-terminated name that outlives the call; integer arguments.
     check(unsafe { c_mkfifoat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+}
+
+/// `renameat(2)` from one directory to another.
+pub fn rename_between(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> io::Result<()> {
+    // SAFETY: NUL-terminated names that outlive the call.
+    check(unsafe {
+        c_renameat(
+            from_dir.as_raw_fd(),
+            from.as_ptr(),
+            to_dir.as_raw_fd(),
+            to.as_ptr(),
+        )
+    })
+    .map(drop)
+}
+
+/// `unlinkat(2)` of an (empty) directory.
+pub fn rmdirat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: a NUL-terminated name that outlives the call.
+    check(unsafe { c_unlinkat(dir.as_raw_fd(), name.as_ptr(), AT_REMOVEDIR) }).map(drop)
 }
 
 /// `unlinkat(2)` of a non-directory.

@@ -52,8 +52,10 @@ const SLOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 /// The most the workspace's directory may hold (as the archive API sends it: a sparse
 /// file counts whole): past it the snapshot is refused, not spooled to the host's disk.
 pub const MAX_WORKSPACE_BYTES: u64 = 8 << 30;
-/// How long an archive being read may send nothing before the snapshot fails.
+/// How long the workspace's archive may send nothing before the snapshot fails.
 const STALL: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long reading the workspace's archive may take in all (8 GiB at 5 MB/s).
+const WORKSPACE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// The largest image archive of a commit spooled on Podman (whose loader takes no layer
 /// it holds already, so the whole image goes through the host).
@@ -316,13 +318,27 @@ impl DockerDriver {
             )
         };
         let stream = runcell_core::files::checked_tar_stream(raw);
-        let mut spool = spool(
+        // The helper's archive comes from the run, whose code may have replaced the
+        // helper: one that answers pings and sends nothing, or a byte now and then, must
+        // not hold the snapshot (and its commit) for ever.
+        let spooled = spool(
             stream,
             MAX_WORKSPACE_BYTES,
+            Some(STALL),
             io("reading the workspace"),
             too_big,
-        )
-        .await?;
+        );
+        let mut spool = tokio::time::timeout(WORKSPACE_DEADLINE, spooled)
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "snapshot: the workspace was not read within {} min",
+                        WORKSPACE_DEADLINE.as_secs() / 60
+                    ),
+                )
+            })??;
         let extra = self.ca_extra(id).await?;
         let prefix = workspace
             .trim_start_matches('/')
@@ -481,7 +497,9 @@ impl DockerDriver {
                 ),
             )
         };
-        let mut spool = spool(raw, MAX_IMAGE_BYTES, read, too_big).await?;
+        // The engine's own export (trusted; Podman saves the whole image before it sends
+        // a byte): no stall bound.
+        let mut spool = spool(raw, MAX_IMAGE_BYTES, None, read, too_big).await?;
         tokio::task::spawn_blocking(move || {
             spool.rewind().map_err(io("spooling the image"))?;
             keep_layers(spool)
@@ -874,6 +892,7 @@ fn snapshot_of(
 async fn spool<E>(
     stream: impl futures::Stream<Item = std::result::Result<bytes::Bytes, E>>,
     cap: u64,
+    stall: Option<std::time::Duration>,
     read: impl Fn(E) -> Error,
     too_big: impl Fn() -> Error,
 ) -> Result<std::fs::File> {
@@ -881,21 +900,21 @@ async fn spool<E>(
     let mut out = tokio::fs::File::from_std(spool.try_clone().map_err(io("a temporary file"))?);
     let mut stream = std::pin::pin!(stream);
     let mut total = 0u64;
-    // The workspace's archive comes from the run's helper, which the run's code may have
-    // replaced: one that answers pings and sends nothing must not hold the snapshot (and
-    // its commit) for ever.
     loop {
-        let next = tokio::time::timeout(STALL, stream.next())
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "snapshot: nothing came for {} s while reading an archive",
-                        STALL.as_secs()
-                    ),
-                )
-            })?;
+        let next = match stall {
+            Some(stall) => tokio::time::timeout(stall, stream.next())
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        ErrorKind::Backend,
+                        format!(
+                            "snapshot: nothing came for {} s while reading an archive",
+                            stall.as_secs()
+                        ),
+                    )
+                })?,
+            None => stream.next().await,
+        };
         let Some(chunk) = next else { break };
         let chunk = chunk.map_err(&read)?;
         total += chunk.len() as u64;

@@ -197,8 +197,9 @@ fn put_makes_hard_links_and_fifos_and_refuses_bad_targets() {
 }
 
 /// Another user replaces, between a `PUT`'s file and a hard link to it, the file with
-/// one of its own, in a directory it owns: the root helper refuses the link rather than
-/// give that user's file a name in a directory only root can change.
+/// one of its own, in a directory it owns (its inode number may even be the freed one
+/// of the file written): the root helper links only the file it wrote, through its
+/// descriptor, never that user's file into a directory only root can change.
 #[test]
 fn a_hard_link_to_a_file_another_user_replaced_is_refused() {
     if !is_root() {
@@ -218,6 +219,8 @@ fn a_hard_link_to_a_file_another_user_replaced_is_refused() {
     h.send_empty(PING, 2);
     while h.recv().kind != PONG {}
     std::os::unix::fs::chown(base.join("pub"), Some(65534), Some(65534)).unwrap();
+    // Deleted first: the new file may get the freed inode number.
+    fs::remove_file(base.join("pub/a")).unwrap();
     let own = base.join("pub/x");
     fs::write(&own, "evil").unwrap();
     std::os::unix::fs::chown(&own, Some(65534), Some(65534)).unwrap();
@@ -225,10 +228,40 @@ fn a_hard_link_to_a_file_another_user_replaced_is_refused() {
     h.send_entry(1, &entry("priv/b", HARDLINK, 0o644, 0, "pub/a"));
     h.send_empty(STDIN_EOF, 1);
     let (f, _) = put_result(&mut h, 1);
-    assert_eq!(file_error(&f), (FileError::Invalid, "priv/b".to_string()));
+    // The file written has no name left: nothing to link.
+    assert_eq!(file_error(&f).1, "priv/b", "{f:?}");
     assert!(!base.join("priv/b").exists());
     let names: Vec<_> = fs::read_dir(base.join("priv")).unwrap().collect();
     assert!(names.is_empty(), "{names:?}");
+}
+
+/// In a directory another user can change, a `PUT`'s directory entry does not change
+/// the owner or mode of a directory already there (that user may have moved a private
+/// directory of root's to the name); a directory it makes gets them.
+#[test]
+fn a_directory_another_user_moved_in_keeps_its_owner_and_mode() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = TempDir::new();
+    let home = dir.path().join("home");
+    fs::create_dir_all(home.join("rootonly")).unwrap();
+    fs::write(home.join("rootonly/secret"), "secret").unwrap();
+    fs::set_permissions(home.join("rootonly"), fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    // The user moves root's directory to the name a PUT is about to write.
+    fs::rename(home.join("rootonly"), home.join("proj")).unwrap();
+    let mut h = Helper::start();
+    let mut proj = entry("proj", DIRECTORY, 0o755, 0, "");
+    proj.uid = 65534;
+    let mut new = entry("new", DIRECTORY, 0o750, 0, "");
+    new.uid = 65534;
+    assert!(put_ok(&mut h, 1, &home, &[proj, new], b""));
+    let md = fs::metadata(home.join("proj")).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o700));
+    let md = fs::metadata(home.join("new")).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (65534, 0o750));
 }
 
 /// Replaces every temporary name the helper makes in `dir` with a hard link to `evil`
