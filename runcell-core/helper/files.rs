@@ -214,13 +214,12 @@ fn made_here(dir: &File, tmp: &CStr, kind: impl Fn(fs::FileType) -> bool) -> io:
     }
 }
 
-/// Whether the directory `d` is one this process just made: its own, private (as
-/// `mkdirat(0700)` makes it), with no entries.
+/// Whether the directory `d` can be the one this process just made: its own, with no
+/// entries (not its mode or link count: a default ACL widens the one, btrfs keeps the
+/// other at 1). Another user can move in at most an empty directory of ours.
 fn fresh_dir(d: &File) -> bool {
     let (_, _, euid) = sys::ids();
-    let ours = d
-        .metadata()
-        .is_ok_and(|m| m.uid() == euid && m.mode() & 0o077 == 0 && m.nlink() == 2);
+    let ours = d.metadata().is_ok_and(|m| m.uid() == euid);
     ours && fs::read_dir(format!("/proc/self/fd/{}", d.as_raw_fd()))
         .is_ok_and(|mut entries| entries.next().is_none())
 }
@@ -426,7 +425,7 @@ impl Put {
                 // Where another user can change the entries (an untrusted parent), an
                 // existing directory keeps its owner and mode (that user may have moved
                 // any directory it can reach to this name), and one just made is changed
-                // only once checked to be it (ours, private, empty).
+                // only once checked to be it (ours, empty).
                 let parent_trusted = dir.metadata().is_ok_and(|m| trusted(&m));
                 let (opened, fresh) = match open_in(&dir, &name, O_DIRECTORY) {
                     Err(x) if x.raw_os_error() == Some(ENOENT) => {
