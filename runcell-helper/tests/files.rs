@@ -569,28 +569,6 @@ fn get_entries_count_against_the_credit() {
     assert_eq!(entries, count + 1);
 }
 
-/// Reads a GET's frames until its last one (`DONE` or `FILE_ERROR`), granting credit:
-/// the entries' paths, the data bytes, and the last frame.
-fn get_all(h: &mut Helper, id: u32) -> (Vec<String>, usize, Frame) {
-    let (mut paths, mut data) = (Vec::new(), 0);
-    loop {
-        let f = h.recv();
-        assert_eq!(f.id, id, "{f:?}");
-        match f.kind {
-            ENTRY => {
-                let e = Entry::decode(&mut Dec::new(&f.payload)).unwrap();
-                paths.push(String::from_utf8(e.path).unwrap());
-            }
-            STDOUT => {
-                data += f.payload.len();
-                h.send_u32(CREDIT, id, f.payload.len() as u32);
-            }
-            DONE | FILE_ERROR => return (paths, data, f),
-            k => panic!("unexpected frame kind {k}: {f:?}"),
-        }
-    }
-}
-
 #[test]
 fn a_file_that_shrinks_while_it_is_read_fails_the_get_naming_it() {
     let dir = TempDir::new();
@@ -616,7 +594,8 @@ fn a_file_that_shrinks_while_it_is_read_fails_the_get_naming_it() {
         .set_len(1000)
         .unwrap();
     h.send_u32(CREDIT, 1, INITIAL_CREDIT);
-    let (paths, _, last) = get_all(&mut h, 1);
+    let (entries, last) = get_entries(&mut h, 1);
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
     assert!(paths.is_empty(), "entries after the cut file: {paths:?}");
     assert_eq!(file_error(&last), (FileError::Other, "d/big".to_string()));
     let msg = String::from_utf8_lossy(&last.payload).into_owned();
@@ -652,7 +631,7 @@ fn a_fifo_asked_for_is_an_error_and_an_entry_below_a_directory() {
     );
 }
 
-/// A `GET`'s entries as (path, kind, link) with its last frame, data read and credited.
+/// One entry of a `GET`, as [`get_entries`] reads it.
 struct Got {
     path: String,
     kind: u8,
@@ -660,6 +639,8 @@ struct Got {
     size: u64,
 }
 
+/// Reads a GET's frames until its last one (`DONE` or `FILE_ERROR`), granting credit
+/// for its data: the entries and the last frame.
 fn get_entries(h: &mut Helper, id: u32) -> (Vec<Got>, Frame) {
     let mut entries = Vec::new();
     loop {
