@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -38,6 +39,8 @@ pub(crate) struct Conn {
     h: &'static Helper,
     link: Arc<Link>,
     files: HashMap<u32, FileOp>,
+    /// What the frames are read from, once [`Conn::run`] runs.
+    input: Option<RawFd>,
 }
 
 impl Conn {
@@ -47,6 +50,7 @@ impl Conn {
             h,
             link,
             files: HashMap::new(),
+            input: None,
         }
     }
 
@@ -55,6 +59,7 @@ impl Conn {
     /// abandoned; the exit code for a helper that ends with its connection: 0, or 2
     /// after a protocol error.
     pub(crate) fn run(mut self, mut input: File) -> i32 {
+        self.input = Some(input.as_raw_fd());
         let mut buf: Vec<u8> = Vec::with_capacity(2 * READ_CHUNK);
         loop {
             let mut start = 0;
@@ -192,6 +197,18 @@ impl Conn {
         if self.files.contains_key(&id) {
             self.link
                 .send_spawn_error(id, SpawnError::IdInUse, "id already in use");
+            return;
+        }
+        // A host gives up on a spawn the helper does not answer in time (a helper stopped
+        // by a process of the run) and closes the connection: the command must not run
+        // once the helper goes on and reads the `SPAWN` with the end behind it. (A
+        // detached one is meant to outlive its connection, and is listed.)
+        if !sp.detach && self.input.is_some_and(sys::hung_up) {
+            self.link.send_spawn_error(
+                id,
+                SpawnError::Other,
+                "the connection ended before the spawn was read: nothing ran",
+            );
             return;
         }
         if let Err((kind, msg)) = self.h.start_exec(id, sp, &self.link) {

@@ -307,7 +307,12 @@ impl Helper {
         if ex.detach {
             return;
         }
-        if !st.done && ex.grace.is_zero() {
+        // One whose start was not announced on its connection (no `STARTED` sent yet)
+        // has no grace either: no host heard of it, so none will attach to it. (A daemon
+        // stopped while a host gave up on its spawn reads the `SPAWN` and the end of the
+        // connection together once it goes on: the command must not run on after the
+        // host reported it killed.)
+        if !st.done && (ex.grace.is_zero() || !st.started) {
             st.expired = true;
             kill.push(ex.clone());
         } else {

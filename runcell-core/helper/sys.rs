@@ -53,6 +53,8 @@ pub const POLLERR: c_short = 0x8;
 pub const POLLHUP: c_short = 0x10;
 /// Not an open descriptor.
 pub const POLLNVAL: c_short = 0x20;
+/// The peer of a stream socket shut its writing down (Linux).
+pub const POLLRDHUP: c_short = 0x2000;
 
 /// Signals used by a kill.
 pub const SIGKILL: c_int = 9;
@@ -266,6 +268,18 @@ pub fn poll_fds(fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
     // SAFETY: pointer and length come from a live, exclusively borrowed slice.
     let r = check(unsafe { poll(fds.as_mut_ptr(), fds.len() as c_ulong, timeout_ms) })?;
     Ok(r as usize)
+}
+
+/// Whether the writer of `fd` (a pipe or a stream socket) is gone or shut its writing
+/// down, even with bytes still to read: nothing more will come.
+pub fn hung_up(fd: RawFd) -> bool {
+    let mut fds = [PollFd {
+        fd,
+        events: POLLRDHUP,
+        revents: 0,
+    }];
+    poll_fds(&mut fds, 0).is_ok_and(|n| n > 0)
+        && fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR) != 0
 }
 
 /// Sets `O_NONBLOCK` on `fd`.
@@ -794,6 +808,20 @@ mod tests {
             msg(EMFILE)
         );
         assert!(msg(ELOOP).contains("symbolic links"), "{}", msg(ELOOP));
+    }
+
+    #[test]
+    fn a_writer_gone_or_shut_down_is_a_hang_up_even_with_bytes_to_read() {
+        let (r, mut w) = io::pipe().unwrap();
+        w.write_all(b"frame").unwrap();
+        assert!(!hung_up(r.as_raw_fd()));
+        drop(w);
+        assert!(hung_up(r.as_raw_fd()));
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.write_all(b"frame").unwrap();
+        assert!(!hung_up(a.as_raw_fd()));
+        b.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(hung_up(a.as_raw_fd()));
     }
 
     #[test]

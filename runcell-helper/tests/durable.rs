@@ -237,6 +237,45 @@ fn the_grace_passing_kills_a_non_detached_exec_and_forgets_it() {
     assert!(h2.attach(2, 0).is_none());
 }
 
+/// A host gives up on a spawn that its stopped daemon does not answer, and ends the
+/// connection (here with no `KILL`: a broken stream takes it along). Once the daemon goes
+/// on, it reads the `SPAWN` with the end behind it: the command does not run on (it did,
+/// for its grace, unattached, with no host knowing of it), and the daemon serves on.
+#[test]
+fn a_spawn_read_after_its_connection_ended_does_not_run_on() {
+    let mut h = Helper::start();
+    let daemon = h.hello.pid.to_string();
+    let dir = TempDir::new();
+    let pidfile = dir.path().join("pid");
+    let signal = |sig: &str| {
+        let status = Command::new("kill").args([sig, &daemon]).status();
+        assert!(status.unwrap().success());
+    };
+    signal("-STOP");
+    let script = format!("echo $$ > {}; exec sleep 1000", pidfile.display());
+    let mut e = Enc::frame(SPAWN, 3);
+    durable(&script, false, 600_000, 0).encode(&mut e);
+    h.send(e.finish());
+    drop(h.stdin.take());
+    // The relay forwards the `SPAWN` and the end before the daemon goes on.
+    thread::sleep(Duration::from_millis(300));
+    signal("-CONT");
+    thread::sleep(Duration::from_millis(1000));
+    if let Ok(pid) = fs::read_to_string(&pidfile) {
+        let pid: u32 = pid.trim().parse().unwrap();
+        if let Some((_, start)) = proc_stat(pid) {
+            assert_gone(pid, start);
+        }
+    }
+    let mut h2 = h.connect();
+    assert_eq!(h2.run(4, &sh("echo on")).stdout, b"on\n");
+    assert!(
+        listed(&mut h2, 3).is_none_or(|i| i.exit.is_some()),
+        "{:?}",
+        listed(&mut h2, 3)
+    );
+}
+
 #[test]
 fn an_attach_within_the_grace_keeps_the_exec() {
     let mut h = Helper::start();

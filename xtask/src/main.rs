@@ -82,7 +82,17 @@ enum Task {
 /// Errors end the output as one line with their causes, without a backtrace (even under
 /// RUST_BACKTRACE): what a failed suite printed just before stays the last thing shown.
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse().task) {
+    let result = run(Cli::parse().task);
+    // Last, where a truncated CI log still shows them: every failed suite's failures
+    // (suites of several phases may have failed; each is printed, not only the first).
+    for (label, failures) in FAILED_SUITES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        eprintln!("==== failures of suite {label} ====\n{failures}");
+    }
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -90,6 +100,9 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+/// The suites that failed in this process, with their failures sections: printed last.
+static FAILED_SUITES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
 
 fn run(task: Task) -> Result<()> {
     match task {
@@ -292,8 +305,19 @@ fn run(task: Task) -> Result<()> {
             } else {
                 k8s::run("down")
             };
-            k8s_result?;
-            down?;
+            // Every phase's failure is reported, not only the first one's.
+            let errors: Vec<String> = [
+                podman_result.as_ref().err(),
+                k8s_result.as_ref().err(),
+                down.as_ref().err(),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|e| format!("{e:#}"))
+            .collect();
+            if !errors.is_empty() {
+                bail!("{}", errors.join("; "));
+            }
             let podman_sessions = podman_result?;
             for (session, host) in podman_sessions.iter().zip([&podman_host, &rootless_host]) {
                 engine::assert_no_leftovers(session, Some(host))?;
@@ -640,10 +664,15 @@ fn suites_side_by_side(suites: &[Suite<'_>]) -> Result<Vec<String>> {
         }
     }
     if !failed.is_empty() {
-        // Last, where a truncated CI log still shows it: what failed and why.
-        for (label, log) in &failed {
-            eprintln!("==== failures of suite {label} ====\n{}", failures(log));
-        }
+        // What failed and why, printed last by `main`.
+        FAILED_SUITES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(
+                failed
+                    .iter()
+                    .map(|(label, log)| (label.to_string(), failures(log))),
+            );
         let labels: Vec<&str> = failed.iter().map(|(label, _)| *label).collect();
         bail!("suites failed: {}", labels.join(", "));
     }

@@ -281,11 +281,13 @@ async fn garbage(run: &dyn Run) -> anyhow::Result<bool> {
                 .timeout(Duration::from_secs(10)),
         )
         .await;
-    // An exec whose stream broke ends after core's check that the target still runs
-    // (bounded at 10 s: `TARGET_CHECK_BOUND`, five looks on a loaded engine) and its kill
-    // by the exec marker (`KILL_BOUND`): on a loaded Kubernetes test node the two took
-    // more than the 15 s of a timed exec's bound.
-    let lost_bound = Duration::from_secs(10) + KILL_BOUND + ANSWER_GRACE;
+    // An exec whose stream broke (its grace the default) is resumed through a new helper
+    // once: a reconnect (bounded at 15 s: an engine exec, an upload, the greeting; on a
+    // run whose new helper cannot start and that takes the plain path now, none), whose
+    // daemon has no record of it (bounded at 10 s: `ANSWER_TIMEOUT`); then it is killed
+    // by the exec marker (`KILL_BOUND`). On a loaded Kubernetes test node this took more
+    // than 22 s.
+    let lost_bound = Duration::from_secs(15 + 10) + KILL_BOUND + ANSWER_GRACE;
     let status = tokio::time::timeout(lost_bound, victim.wait())
         .await
         .context("an exec did not end when garbage broke its helper's stream")?;

@@ -379,14 +379,17 @@ fn the_end_of_a_connection_sets_deadlines_and_kills_what_has_no_grace() {
     let (no_grace, mut t3) = exec(&h, 3, false, 0);
     let (over, mut t4) = exec(&h, 4, false, 0);
     let (elsewhere, mut t5) = exec(&h, 5, false, 0);
-    for ex in [&detached, &graced, &no_grace, &over] {
+    // Graced, but its `STARTED` not sent yet: no host heard of it.
+    let (unannounced, mut t6) = exec(&h, 6, false, 60_000);
+    lock(&unannounced.st).started = false;
+    for ex in [&detached, &graced, &no_grace, &over, &unannounced] {
         ex.attach_for_tests(&l);
     }
     elsewhere.attach_for_tests(&other);
     lock(&over.st).done = true;
     let before = Instant::now();
     h.connection_ended(&l);
-    for ex in [&detached, &graced, &no_grace, &over] {
+    for ex in [&detached, &graced, &no_grace, &over, &unannounced] {
         assert!(lock(&ex.st).link.is_none(), "exec {}", ex.id);
     }
     assert!(lock(&elsewhere.st).attached_to(&other));
@@ -394,9 +397,12 @@ fn the_end_of_a_connection_sets_deadlines_and_kills_what_has_no_grace() {
     let d = lock(&graced.st).deadline.unwrap();
     assert!(d >= before + Duration::from_secs(59));
     assert!(lock(&no_grace.st).expired);
+    assert!(lock(&unannounced.st).expired);
     assert!(lock(&over.st).deadline.is_some_and(|d| d <= Instant::now()));
-    // Only the running exec without grace was killed, at once.
+    // Only the running execs without grace (or whose start no host heard of) were
+    // killed, at once.
     assert_eq!(orders(&mut t3), [(shepherd::KILL_TREE, vec![1])]);
+    assert_eq!(orders(&mut t6), [(shepherd::KILL_TREE, vec![1])]);
     for t in [&mut t1, &mut t2, &mut t4, &mut t5] {
         assert!(orders(t).is_empty());
     }

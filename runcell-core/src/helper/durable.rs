@@ -205,7 +205,10 @@ impl Resume {
                     }
                     Err(e) => e,
                 },
-                Err(e) if e.kind() == ErrorKind::RunLost => return Err(format!("{why}; {e}")),
+                // The target is gone, or the run has no helper any more: no retry helps.
+                Err(e) if matches!(e.kind(), ErrorKind::RunLost | ErrorKind::Unsupported) => {
+                    return Err(format!("{why}; {e}"));
+                }
                 Err(e) => e,
             };
             if Instant::now() + pause >= until {

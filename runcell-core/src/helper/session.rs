@@ -52,6 +52,9 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
 /// How long the helper may take to confirm a kill (its own kill takes about
 /// [`proto::KILL_GRACE_MS`]) before the session is retired and the engine kills instead.
 pub(crate) const KILL_ANSWER_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long a closed session's stream is kept for what was queued before the close to
+/// leave, and for the helper's side to end it.
+const DRAIN_BOUND: Duration = Duration::from_secs(2);
 /// How often the host pings a live helper.
 const PING_INTERVAL: Duration = Duration::from_secs(2);
 /// A helper that leaves a `PING` unanswered this long is taken for dead.
@@ -520,11 +523,15 @@ impl Session {
         let table = Arc::new(Mutex::new(Table::default()));
         let (frames, mut frames_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let stop = CancellationToken::new();
+        // Cancelled when the writer ended (what was queued before the close went out).
+        let flushed = CancellationToken::new();
 
         // Writer: frames to the helper's stdin, batched, flushed per batch.
         {
             let (table, stop) = (table.clone(), stop.clone());
+            let flushed = flushed.clone().drop_guard();
             tokio::spawn(async move {
+                let _flushed = flushed;
                 let write = async {
                     while let Some(frame) = frames_rx.recv().await {
                         let mut batch = frame;
@@ -627,6 +634,16 @@ impl Session {
                 fail_all(&table, &why);
                 // The writer closes the helper's stdin: it kills what still runs.
                 stop.cancel();
+                // The stream is dropped once the writer sent what was queued before the
+                // close (above all the `KILL` of a spawn given up on) and the helper's side
+                // ended it, or after DRAIN_BOUND: dropping it may abort its transport
+                // with bytes not sent yet (Kubernetes' websocket task, with the `KILL`).
+                let drain = async {
+                    flushed.cancelled().await;
+                    while output.next().await.is_some() {}
+                };
+                let _ = tokio::time::timeout(DRAIN_BOUND, drain).await;
+                drop((output, status));
             });
         }
 

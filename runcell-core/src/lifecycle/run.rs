@@ -213,10 +213,16 @@ impl<B: Backend> CoreRun<B> {
                         format!("the run's target is gone: {gone}"),
                     ));
                 }
+                // A run that took the plain path for good (its helper could not start,
+                // `ExecHelper::Auto`) has no helper to resume through: final.
                 live_session(&backend, &id, mode, &state)
                     .await?
                     .ok_or_else(|| {
-                        Error::new(ErrorKind::Unavailable, "the run's exec helper cannot start")
+                        Error::new(
+                            ErrorKind::Unsupported,
+                            "the run's exec helper could not start again: its execs take \
+                             the plain path now",
+                        )
                     })
             })
         })

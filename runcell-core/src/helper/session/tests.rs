@@ -361,6 +361,111 @@ async fn a_spawn_unanswered_by_its_deadline_retires_the_session() {
     );
 }
 
+/// A transport that loses what it has not forwarded yet when its process is dropped, as
+/// Kubernetes' websocket task does: bytes written to the stdin reach the peer 100 ms later,
+/// unless the status (which holds the process) was dropped meanwhile.
+fn lossy() -> (RawProcess, Peer) {
+    struct Aborting(tokio::task::AbortHandle);
+    impl Drop for Aborting {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    struct LossyStatus(#[allow(dead_code)] Aborting);
+    #[async_trait]
+    impl RawStatus for LossyStatus {
+        async fn status(&self) -> Result<ExitStatus> {
+            Ok(ExitStatus::Exited(0))
+        }
+    }
+    let (mut process, mut peer) = fake();
+    let (near, mut far) = tokio::io::duplex(1 << 20);
+    let (mut to_peer, peer_input) = tokio::io::duplex(1 << 20);
+    let forward = tokio::spawn(async move {
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = far.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if to_peer.write_all(&chunk[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    process.stdin = Some(Box::pin(near));
+    process.status = Box::new(LossyStatus(Aborting(forward.abort_handle())));
+    peer.input = peer_input;
+    (process, peer)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_kill_of_a_spawn_given_up_on_leaves_before_the_stream_is_dropped() {
+    let (process, mut peer) = lossy();
+    peer.send(hello());
+    let session = Arc::new(
+        Session::open(process, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let spawn = {
+        let session = session.clone();
+        tokio::spawn(async move {
+            session
+                .spawn(
+                    &exec(Stdin::Null),
+                    &SpawnOpts::default(),
+                    Some(deadline),
+                    None,
+                )
+                .await
+        })
+    };
+    let (id, _) = peer.expect(proto::SPAWN).await;
+    let _ = spawn.await.unwrap().expect("an exec that may have run");
+    assert!(session.dead().is_some());
+    // A stopped daemon that goes on reads the `KILL` after the `SPAWN`.
+    let (killed, _) = peer.expect(proto::KILL).await;
+    assert_eq!(killed, id);
+}
+
+#[tokio::test]
+async fn a_resume_with_no_helper_left_to_resume_through_ends_at_once() {
+    let (first, mut peer1) = opened_durable().await;
+    let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reconnect: crate::helper::durable::Reconnect = {
+        let tries = tries.clone();
+        Arc::new(move || {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move { Err(Error::new(ErrorKind::Unsupported, "plain execs now")) })
+        })
+    };
+    let opts = SpawnOpts {
+        grace_ms: 600_000,
+        ..SpawnOpts::default()
+    };
+    let spawn = {
+        let first = first.clone();
+        tokio::spawn(async move {
+            first
+                .spawn(&exec(Stdin::Null), &opts, None, Some(reconnect))
+                .await
+        })
+    };
+    let (id, _) = peer1.expect(proto::SPAWN).await;
+    peer1.send(frame_u32(proto::STARTED, id, 42));
+    let (_, mut process, _) = spawn.await.unwrap().expect("spawn");
+    peer1.hang_up();
+    // Not retried for the exec's grace (10 minutes by default).
+    let why = tokio::time::timeout(Duration::from_secs(5), first_error(&mut process))
+        .await
+        .expect("the output ends at once");
+    assert!(why.contains("plain execs now"), "{why}");
+    assert_eq!(tries.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_spawn_never_answered_may_have_run() {
     let (session, mut peer) = opened().await;
