@@ -179,7 +179,7 @@ fn a_mux_whose_run_was_removed_behind_its_back_exits() {
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     assert_eq!(m.muxes().len(), 1);
     let removed = Command::new("docker")
-        .args(["rm", "-f", &id])
+        .args(["rm", "-f", "-v", &id])
         .stdout(Stdio::null())
         .status()
         .unwrap();

@@ -185,6 +185,51 @@ pub const SESSION_LABEL: &str = "sandbox.conformance/session";
 /// Fails if a container made by the library in this test session (label
 /// `sandbox.conformance/session=<session>`) is left on the engine. Other containers,
 /// a developer's own runs or a parallel job's, are not this session's business.
+/// The engine's volumes that no container uses (`host`: another engine's address). An
+/// anonymous volume carries no label: one the tests left is found as one more of these
+/// at the end than at the start ([`assert_no_new_dangling_volumes`]).
+pub fn dangling_volumes(host: Option<&str>) -> Result<std::collections::BTreeSet<String>> {
+    let mut ls = Command::new("docker");
+    if let Some(host) = host {
+        ls.args(["-H", host]);
+    }
+    let out = ls
+        .args(["volume", "ls", "-q", "--filter", "dangling=true"])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "docker volume ls failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect())
+}
+
+/// Fails when the engine has volumes no container uses that were not there `before`: a
+/// run removed without its anonymous volumes (its workspace, its `/.runcell`).
+pub fn assert_no_new_dangling_volumes(
+    before: &std::collections::BTreeSet<String>,
+    host: Option<&str>,
+) -> Result<()> {
+    let new: Vec<String> = dangling_volumes(host)?
+        .difference(before)
+        .cloned()
+        .collect();
+    let engine = host.unwrap_or("the Docker engine");
+    if !new.is_empty() {
+        bail!(
+            "the tests left {} volume(s) no container uses on {engine}: {}",
+            new.len(),
+            new.join(" ")
+        );
+    }
+    eprintln!("no volume was left on {engine}");
+    Ok(())
+}
+
 pub fn assert_no_leftovers(session: &str, host: Option<&str>) -> Result<()> {
     let mut ps = Command::new("docker");
     if let Some(host) = host {

@@ -232,6 +232,16 @@ fn run(task: Task) -> Result<()> {
             // The suite also runs on Podman, through its Docker-compatible API.
             let podman_host = podman::ensure(&images::ALL)?;
             let rootless_host = podman::ensure_rootless(&images::ALL)?;
+            // Each engine's volumes that no container uses, before any test ran.
+            let engines = [
+                None,
+                Some(podman_host.as_str()),
+                Some(rootless_host.as_str()),
+            ];
+            let dangling = engines
+                .iter()
+                .map(|host| engine::dangling_volumes(*host))
+                .collect::<Result<Vec<_>>>()?;
             cargo(&["fmt", "--all", "--", "--check"], &[])?;
             cargo(
                 &[
@@ -325,6 +335,9 @@ fn run(task: Task) -> Result<()> {
             engine::assert_no_leftovers(&session, None)?;
             for session in docker_sessions {
                 engine::assert_no_leftovers(&session, None)?;
+            }
+            for (host, before) in engines.iter().zip(&dangling) {
+                engine::assert_no_new_dangling_volumes(before, *host)?;
             }
             Ok(())
         }

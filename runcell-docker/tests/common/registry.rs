@@ -154,7 +154,7 @@ pub fn push_test_image(host: &str, repo: &str) -> (String, LocalTag) {
         .args(["commit", "--change", &label, &container, &tag])
         .output()
         .unwrap();
-    docker(&["rm", "-f", &container], None);
+    docker(&["rm", "-f", "-v", &container], None);
     assert!(
         committed.status.success(),
         "docker commit: {}",
