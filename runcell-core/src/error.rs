@@ -31,6 +31,11 @@ pub enum ErrorKind {
     Config,
     /// The backend answered with an error that fits no other kind.
     Backend,
+    /// A limit of the engine, the cluster or the host was reached (a node's pod count or
+    /// resources, a quota, the host's file descriptors): the context's `limit` names it.
+    /// Nothing was left half-made and runs already started keep working; temporary: the
+    /// same call may succeed once other runs stopped.
+    LimitReached,
 }
 
 impl fmt::Display for ErrorKind {
@@ -46,6 +51,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::StartFailed => "the sandbox did not start",
             ErrorKind::Config => "invalid driver config",
             ErrorKind::Backend => "backend error",
+            ErrorKind::LimitReached => "limit reached",
         })
     }
 }
@@ -133,8 +139,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// A new error of `kind` with a human message. It is temporary (see
-    /// [`Error::is_temporary`]) when `kind` is [`ErrorKind::Unavailable`] or
-    /// [`ErrorKind::Timeout`].
+    /// [`Error::is_temporary`]) when `kind` is [`ErrorKind::Unavailable`],
+    /// [`ErrorKind::Timeout`] or [`ErrorKind::LimitReached`].
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
             kind,
@@ -143,7 +149,10 @@ impl Error {
             operation: None,
             context: Vec::new(),
             source: None,
-            temporary: matches!(kind, ErrorKind::Unavailable | ErrorKind::Timeout),
+            temporary: matches!(
+                kind,
+                ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::LimitReached
+            ),
         }
     }
 

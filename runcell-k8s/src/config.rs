@@ -24,6 +24,11 @@ pub struct K8sConfig {
     pub ready_timeout: Option<Duration>,
     /// Copy the workspace back into the host directory when a run stops.
     pub sync_workspace_on_stop: bool,
+    /// Wait (up to the ready timeout) for a pod that no node has room for (pod slots,
+    /// memory, CPU), as a cluster with an autoscaler that adds nodes wants. Default: the
+    /// create fails at once with [`runcell_core::ErrorKind::LimitReached`] naming the
+    /// limit (context `limit`), leaving nothing.
+    pub wait_unschedulable: bool,
     /// Use the exec path for API servers without `v5.channel.k8s.io` (before 1.30) even
     /// on newer ones: stdin is framed instead of closed, and `Stdin::Piped` is unsupported.
     /// Older servers get it automatically.
@@ -194,6 +199,12 @@ impl K8sConfig {
         self
     }
 
+    /// Waits for a pod no node has room for ([`K8sConfig::wait_unschedulable`]).
+    pub fn wait_unschedulable(mut self, on: bool) -> Self {
+        self.wait_unschedulable = on;
+        self
+    }
+
     /// Copies the workspace back into the host directory when a run stops.
     pub fn sync_workspace_on_stop(mut self, on: bool) -> Self {
         self.sync_workspace_on_stop = on;
@@ -343,6 +354,9 @@ impl K8sConfig {
                 .map(Duration::from_secs),
             sync_workspace_on_stop: config
                 .take_parsed::<bool>("sync_workspace_on_stop")?
+                .unwrap_or(false),
+            wait_unschedulable: config
+                .take_parsed::<bool>("wait_unschedulable")?
                 .unwrap_or(false),
             exec_v4_compatible: config
                 .take_parsed::<bool>("exec_v4_compatible")?

@@ -18,8 +18,8 @@
 //! Connect directly with [`K8sDriver::connect`], or through the registry as `k8s`
 //! (config from `RUNCELL_K8S_*`: `namespace`, `runtime_class`, `node_selector`
 //! (`k=v,k=v`), `tolerations` (JSON), `pod_labels`, `pod_annotations`,
-//! `image_pull_secrets` (`name,name`), `ready_timeout_secs`, `sync_workspace_on_stop`, `exec_v4_compatible`,
-//! and the workspace's volume: `workspace_claim` (an existing claim) or a per-run claim
+//! `image_pull_secrets` (`name,name`), `ready_timeout_secs`, `sync_workspace_on_stop`,
+//! `wait_unschedulable`, `exec_v4_compatible`, and the workspace's volume: `workspace_claim` (an existing claim) or a per-run claim
 //! with `workspace_size`, `workspace_storage_class`, `workspace_keep`; see
 //! [`WorkspaceVolume`]). The cluster comes from `KUBECONFIG`, `~/.kube/config` or the
 //! in-cluster service account.

@@ -30,9 +30,13 @@ impl K8sDriver {
         let timeout = self.config.ready_timeout.unwrap_or(DEFAULT_READY_TIMEOUT);
         plan.report(Progress::Step("waiting for the pod to run".into()));
         let reported = Mutex::new(None);
+        let wait_unschedulable = self.config.wait_unschedulable;
         let cond = |pod: Option<&Pod>| {
             let Some(pod) = pod else { return true };
             if !matches!(readiness(pod), Readiness::Pending) {
+                return true;
+            }
+            if !wait_unschedulable && limit_reached(pod).is_some() {
                 return true;
             }
             let state = waiting_state(pod);
@@ -97,6 +101,14 @@ impl K8sDriver {
                     .with("run", id),
             );
         };
+        if let Some((limit, message)) = limit_reached(&pod) {
+            return Err(Error::new(
+                ErrorKind::LimitReached,
+                format!("the pod cannot run: {limit} reached ({message})"),
+            )
+            .with("limit", limit)
+            .with("run", id));
+        }
         match start_error(&readiness(&pod), image, working_dir) {
             None => Ok(()),
             Some(e) => Err(self.with_events(e, id).await),
@@ -366,6 +378,46 @@ fn readiness(pod: &Pod) -> Readiness {
         )),
         Some("Running") if state.is_some_and(|s| s.running.is_some()) => Readiness::Ready,
         _ => Readiness::Pending,
+    }
+}
+
+/// The limit a pod that cannot run ran into, and what the cluster said: the scheduler
+/// places it on no node for lack of pod slots (`Too many pods`: the kubelet's `maxPods`)
+/// or of a resource (`Insufficient memory`), or the kubelet refused it at admission
+/// (`OutOfpods`, `OutOfmemory`, ...). `None` for any other state.
+fn limit_reached(pod: &Pod) -> Option<(String, String)> {
+    let status = pod.status.as_ref()?;
+    // The kubelet's admission: the pod failed at once.
+    if status.phase.as_deref() == Some("Failed")
+        && let Some(resource) = status.reason.as_deref()?.strip_prefix("OutOf")
+    {
+        let message = status.message.clone().unwrap_or_default();
+        return Some((node_limit(resource), message));
+    }
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    })?;
+    let message = unschedulable.message.clone().unwrap_or_default();
+    if message.contains("Too many pods") {
+        return Some((node_limit("pods"), message));
+    }
+    let resource = message
+        .split("Insufficient ")
+        .nth(1)?
+        .split(|c: char| c == '.' || c == ',' || c.is_whitespace())
+        .next()
+        .filter(|r| !r.is_empty())?;
+    Some((node_limit(resource), message))
+}
+
+/// The name of a node's limit on `resource` (`pods`, `memory`, `cpu`, ...).
+fn node_limit(resource: &str) -> String {
+    if resource == "pods" {
+        "the node's pod limit (kubelet maxPods)".into()
+    } else {
+        format!("the node's allocatable {resource}")
     }
 }
 
@@ -719,6 +771,68 @@ mod tests {
         assert_eq!(
             waiting_state(&Pod::default()),
             ("Pending".to_string(), None)
+        );
+    }
+
+    #[test]
+    fn a_pod_no_node_has_room_for_names_the_limit_it_ran_into() {
+        let unschedulable = |message: &str| Pod {
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("Unschedulable".into()),
+                    message: Some(message.into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let limit = |pod: &Pod| limit_reached(pod).map(|(limit, _)| limit);
+        assert_eq!(
+            limit(&unschedulable(
+                "0/1 nodes are available: 1 Too many pods. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+            )),
+            Some("the node's pod limit (kubelet maxPods)".into())
+        );
+        assert_eq!(
+            limit(&unschedulable(
+                "0/1 nodes are available: 1 Insufficient memory. preemption: ..."
+            )),
+            Some("the node's allocatable memory".into())
+        );
+        assert_eq!(
+            limit(&unschedulable(
+                "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint."
+            )),
+            Some("the node's allocatable cpu".into())
+        );
+        // Not a limit: a selector or a taint no node matches waits (or times out).
+        assert_eq!(
+            limit(&unschedulable(
+                "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+            )),
+            None
+        );
+        assert_eq!(limit(&Pod::default()), None);
+        // The kubelet's admission refused it.
+        let admitted = Pod {
+            status: Some(PodStatus {
+                phase: Some("Failed".into()),
+                reason: Some("OutOfpods".into()),
+                message: Some("Node didn't have enough resource: pods".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            limit_reached(&admitted),
+            Some((
+                "the node's pod limit (kubelet maxPods)".into(),
+                "Node didn't have enough resource: pods".into()
+            ))
         );
     }
 

@@ -404,7 +404,8 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             ),
         ],
     )?;
-    // The workspace on PersistentVolumeClaims (StorageClass runcell-hostpath).
+    // The workspace on PersistentVolumeClaims (StorageClass runcell-hostpath); a pod no
+    // node has room for.
     cargo(
         &[
             "test",
@@ -413,6 +414,8 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             "runcell-k8s",
             "--test",
             "workspace_claim",
+            "--test",
+            "limits",
         ],
         &[("KUBECONFIG", restricted), (TEST_ENV, "k8s")],
     )?;
