@@ -201,9 +201,10 @@ impl Conn {
         }
         // A host gives up on a spawn the helper does not answer in time (a helper stopped
         // by a process of the run) and closes the connection: the command must not run
-        // once the helper goes on and reads the `SPAWN` with the end behind it. (A
-        // detached one is meant to outlive its connection, and is listed.)
-        if !sp.detach && self.input.is_some_and(sys::hung_up) {
+        // once the helper goes on and reads the `SPAWN` with the end behind it (a
+        // detached one neither: no host ends a connection before the answer to a spawn
+        // it still waits for).
+        if self.input.is_some_and(sys::hung_up) {
             self.link.send_spawn_error(
                 id,
                 SpawnError::Other,

@@ -311,8 +311,12 @@ impl Helper {
         // has no grace either: no host heard of it, so none will attach to it. (A daemon
         // stopped while a host gave up on its spawn reads the `SPAWN` and the end of the
         // connection together once it goes on: the command must not run on after the
-        // host reported it killed.)
-        if !st.done && (ex.grace.is_zero() || !st.started) {
+        // host reported it killed.) Its plan may be on its way to its shepherd, where a
+        // kill order now could land inside it: the spawn kills it once the plan is in
+        // (`Helper::finish_spawn`), unless a connection attached to it meanwhile.
+        if !st.done && !st.started {
+            st.expired = true;
+        } else if !st.done && ex.grace.is_zero() {
             st.expired = true;
             kill.push(ex.clone());
         } else {

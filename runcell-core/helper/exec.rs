@@ -740,13 +740,21 @@ impl Helper {
         };
         let _ = reader.set_read_timeout(None);
         let _ = lock(&ex.ctl).set_write_timeout(Some(Duration::from_secs(1)));
-        {
+        let orphaned = {
             let mut st = lock(&ex.st);
-            link.send_u32(STARTED, ex.id, root);
+            // Its connection ended before this (`Helper::unattach`): nothing to tell.
+            if !st.expired {
+                link.send_u32(STARTED, ex.id, root);
+            }
             st.started = true;
             st.root = Some(root as i32);
-        }
+            st.expired
+        };
         ex.cv.notify_all();
+        if orphaned {
+            self.continue_shepherd(ex);
+            ex.order_kill(true);
+        }
         self.refill_spare();
         // This thread goes on as the exec's output thread: no new thread is needed once
         // the command runs (it may have filled the pids limit already).

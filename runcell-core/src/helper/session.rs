@@ -532,16 +532,26 @@ impl Session {
             let flushed = flushed.clone().drop_guard();
             tokio::spawn(async move {
                 let _flushed = flushed;
+                // The bytes of the batch not written yet: a batch the close cuts short is
+                // finished first below (a frame cut short would swallow those after it).
+                let mut pending = BytesMut::new();
                 let write = async {
                     while let Some(frame) = frames_rx.recv().await {
-                        let mut batch = frame;
-                        while batch.len() < 256 * 1024 {
+                        pending.extend_from_slice(&frame);
+                        while pending.len() < 256 * 1024 {
                             match frames_rx.try_recv() {
-                                Ok(more) => batch.extend_from_slice(&more),
+                                Ok(more) => pending.extend_from_slice(&more),
                                 Err(_) => break,
                             }
                         }
-                        sink.write_all(&batch).await?;
+                        // `write` is cancel-safe: what it did not report written was not.
+                        while !pending.is_empty() {
+                            let n = sink.write(&pending).await?;
+                            if n == 0 {
+                                return Err(io::ErrorKind::WriteZero.into());
+                            }
+                            pending.advance(n);
+                        }
                         sink.flush().await?;
                     }
                     io::Result::Ok(())
@@ -559,6 +569,7 @@ impl Session {
                 // helper that does not read may never take it): above all the `KILL` of
                 // a spawn given up on, which must reach the daemon after its `SPAWN`.
                 let flush = async {
+                    sink.write_all(&pending).await?;
                     while let Ok(frame) = frames_rx.try_recv() {
                         sink.write_all(&frame).await?;
                     }
@@ -639,8 +650,11 @@ impl Session {
                 // ended it, or after DRAIN_BOUND: dropping it may abort its transport
                 // with bytes not sent yet (Kubernetes' websocket task, with the `KILL`).
                 let drain = async {
-                    flushed.cancelled().await;
-                    while output.next().await.is_some() {}
+                    // Output is read meanwhile: a helper whose output is backed up may not
+                    // read what the writer sends.
+                    tokio::join!(flushed.cancelled(), async {
+                        while output.next().await.is_some() {}
+                    });
                 };
                 let _ = tokio::time::timeout(DRAIN_BOUND, drain).await;
                 drop((output, status));

@@ -62,12 +62,17 @@ impl Peer {
 }
 
 fn fake() -> (RawProcess, Peer) {
+    fake_with(1 << 20)
+}
+
+/// [`fake`] whose stdin holds at most `capacity` bytes the peer has not read.
+fn fake_with(capacity: usize) -> (RawProcess, Peer) {
     let (tx, rx) = mpsc::unbounded_channel();
     let output = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     })
     .boxed();
-    let (near, far) = tokio::io::duplex(1 << 20);
+    let (near, far) = tokio::io::duplex(capacity);
     (
         RawProcess {
             output,
@@ -429,6 +434,64 @@ async fn the_kill_of_a_spawn_given_up_on_leaves_before_the_stream_is_dropped() {
     // A stopped daemon that goes on reads the `KILL` after the `SPAWN`.
     let (killed, _) = peer.expect(proto::KILL).await;
     assert_eq!(killed, id);
+}
+
+/// The close cuts a batch short while the helper does not read: the rest of it still goes
+/// out before the `KILL` queued after it (a frame cut short would swallow the `KILL`).
+#[tokio::test]
+async fn a_batch_the_close_cuts_short_is_finished_before_the_kill() {
+    let (process, mut peer) = fake_with(4096);
+    peer.send(hello());
+    let session = Arc::new(
+        Session::open(process, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    // 200 kB of stdin for an exec 99 the helper does not read, then a spawn behind it.
+    session.send_frame(data(proto::STDIN, 99, 200_000)).unwrap();
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let (id, _, _) = session
+        .spawn(
+            &exec(Stdin::Null),
+            &SpawnOpts::default(),
+            Some(deadline),
+            None,
+        )
+        .await
+        .expect("an exec that may have run");
+    assert!(session.dead().is_some());
+    // The helper reads again: every frame whole, the `KILL` after the `SPAWN`.
+    let mut kinds = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        while let Some((kind, fid, _, n)) = proto::split_frame(&peer.buf).expect("whole frames") {
+            kinds.push((kind, fid));
+            peer.buf.drain(..n);
+        }
+        let n = tokio::time::timeout(Duration::from_secs(5), peer.input.read(&mut chunk))
+            .await
+            .expect("the stream ends")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        peer.buf.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        peer.buf.is_empty(),
+        "a frame cut short: {} bytes",
+        peer.buf.len()
+    );
+    let at = |k: u8, i: u32| kinds.iter().position(|f| *f == (k, i));
+    let (stdin, spawn, kill) = (
+        at(proto::STDIN, 99),
+        at(proto::SPAWN, id),
+        at(proto::KILL, id),
+    );
+    assert!(
+        stdin.is_some() && stdin < spawn && spawn < kill,
+        "{kinds:?}"
+    );
 }
 
 #[tokio::test]
