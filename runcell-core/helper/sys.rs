@@ -525,9 +525,7 @@ pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<
 
 /// `renameat(2)` within one directory.
 pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
-    let d = dir.as_raw_fd();
-    // SAFETY: NUL-terminated names that outlive the call.
-    check(unsafe { c_renameat(d, from.as_ptr(), d, to.as_ptr()) }).map(drop)
+    rename_between(dir, from, dir, to)
 }
 
 /// `linkat(2)` without `AT_SYMLINK_FOLLOW`: `to` in `to_dir` becomes another name of
@@ -538,14 +536,25 @@ pub fn linkat(
     to_dir: BorrowedFd<'_>,
     to: &CStr,
 ) -> io::Result<()> {
+    link(from_dir.as_raw_fd(), from, to_dir, to, 0)
+}
+
+/// `linkat(2)` with `flags`.
+fn link(
+    from_dir: c_int,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+    flags: c_int,
+) -> io::Result<()> {
     // SAFETY: NUL-terminated names that outlive the call; integer arguments.
     check(unsafe {
         c_linkat(
-            from_dir.as_raw_fd(),
+            from_dir,
             from.as_ptr(),
             to_dir.as_raw_fd(),
             to.as_ptr(),
-            0,
+            flags,
         )
     })
     .map(drop)
@@ -556,17 +565,7 @@ pub fn linkat(
 pub fn link_fd(f: BorrowedFd<'_>, to_dir: BorrowedFd<'_>, to: &CStr) -> io::Result<()> {
     let from = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd()))
         .map_err(|_| io::Error::from_raw_os_error(EINVAL))?;
-    // SAFETY: NUL-terminated names that outlive the call; integer arguments.
-    check(unsafe {
-        c_linkat(
-            AT_FDCWD,
-            from.as_ptr(),
-            to_dir.as_raw_fd(),
-            to.as_ptr(),
-            AT_SYMLINK_FOLLOW,
-        )
-    })
-    .map(drop)
+    link(AT_FDCWD, &from, to_dir, to, AT_SYMLINK_FOLLOW)
 }
 
 /// `mkfifoat(3)`: a named pipe `name` in `dir` (the mode less the umask).

@@ -628,6 +628,24 @@ mod tests {
         assert_eq!(why_not_running(&running), None);
     }
 
+    /// A pending pod the scheduler places on no node, saying `message`.
+    fn unschedulable(message: &str) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("Unschedulable".into()),
+                    message: Some(message.into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
     fn waiting(reason: &str, message: &str) -> Pod {
         pod(
             "Pending",
@@ -747,22 +765,8 @@ mod tests {
             waiting_state(&waiting("ErrImagePull", "not present")),
             ("ErrImagePull".to_string(), Some("not present".to_string()))
         );
-        let unscheduled = Pod {
-            status: Some(PodStatus {
-                phase: Some("Pending".into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "PodScheduled".into(),
-                    status: "False".into(),
-                    reason: Some("Unschedulable".into()),
-                    message: Some("0/1 nodes are available".into()),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
         assert_eq!(
-            waiting_state(&unscheduled),
+            waiting_state(&unschedulable("0/1 nodes are available")),
             (
                 "Pending".to_string(),
                 Some("PodScheduled Unschedulable: 0/1 nodes are available".to_string())
@@ -776,20 +780,6 @@ mod tests {
 
     #[test]
     fn a_pod_no_node_has_room_for_names_the_limit_it_ran_into() {
-        let unschedulable = |message: &str| Pod {
-            status: Some(PodStatus {
-                phase: Some("Pending".into()),
-                conditions: Some(vec![PodCondition {
-                    type_: "PodScheduled".into(),
-                    status: "False".into(),
-                    reason: Some("Unschedulable".into()),
-                    message: Some(message.into()),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
         let limit = |pod: &Pod| limit_reached(pod).map(|(limit, _)| limit);
         assert_eq!(
             limit(&unschedulable(

@@ -32,6 +32,18 @@ fn spec(case: &str) -> RunSpec {
         .label(CASE, case)
 }
 
+/// The create of a run with more memory than any node has: its error (a run that
+/// started anyway is stopped, and the test fails).
+async fn create_too_big(driver: &K8sDriver, case: &str) -> runcell_core::Error {
+    match driver.create(&spec(case).memory_bytes(TOO_MUCH)).await {
+        Ok(run) => {
+            let _ = run.stop().await;
+            panic!("a pod with {TOO_MUCH} bytes of memory ran");
+        }
+        Err(e) => e,
+    }
+}
+
 async fn runs_of(driver: &K8sDriver, case: &str) -> Vec<String> {
     let selector = BTreeMap::from([(CASE.to_string(), case.to_string())]);
     driver
@@ -58,23 +70,13 @@ async fn a_pod_no_node_has_room_for_is_limit_reached_at_once() {
     let running = driver.start(&spec(CASE_ID)).await.expect("a run");
 
     let started = Instant::now();
-    let refused = driver
-        .create(&spec(CASE_ID).memory_bytes(TOO_MUCH))
-        .await
-        .map(|run| run.id().to_string());
+    let e = create_too_big(&driver, CASE_ID).await;
     let took = started.elapsed();
     let left = runs_of(&driver, CASE_ID).await;
     let still = running
         .exec(runcell_core::ExecSpec::new(["echo", "on"]))
         .await;
     running.stop().await.expect("stop");
-    let e = match refused {
-        Ok(id) => {
-            let _ = driver.remove(&id).await;
-            panic!("a pod with {TOO_MUCH} bytes of memory ran");
-        }
-        Err(e) => e,
-    };
     assert_eq!(e.kind(), ErrorKind::LimitReached, "{e}");
     assert!(e.is_temporary(), "{e}");
     let limit = e.context_value("limit").unwrap_or_default();
@@ -105,13 +107,7 @@ async fn with_wait_unschedulable_the_create_waits_to_the_ready_timeout() {
     .await
     .expect("a cluster (KUBECONFIG)");
     let started = Instant::now();
-    let e = match driver.create(&spec(CASE_ID).memory_bytes(TOO_MUCH)).await {
-        Ok(run) => {
-            let _ = run.stop().await;
-            panic!("a pod with {TOO_MUCH} bytes of memory ran");
-        }
-        Err(e) => e,
-    };
+    let e = create_too_big(&driver, CASE_ID).await;
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(
         started.elapsed() >= ready_timeout,

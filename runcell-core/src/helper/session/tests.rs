@@ -132,13 +132,20 @@ fn exec(stdin: Stdin) -> RawExec {
 
 /// A started exec: the peer answered its `SPAWN` with `STARTED`.
 async fn started(session: &Arc<Session>, peer: &mut Peer, stdin: Stdin) -> (u32, RawProcess) {
+    started_with(session, peer, stdin, SpawnOpts::default(), None).await
+}
+
+/// [`started`] with spawn options and a reconnect (a durable exec).
+async fn started_with(
+    session: &Arc<Session>,
+    peer: &mut Peer,
+    stdin: Stdin,
+    opts: SpawnOpts,
+    reconnect: Option<crate::helper::durable::Reconnect>,
+) -> (u32, RawProcess) {
     let spawn = {
         let session = session.clone();
-        tokio::spawn(async move {
-            session
-                .spawn(&exec(stdin), &SpawnOpts::default(), None, None)
-                .await
-        })
+        tokio::spawn(async move { session.spawn(&exec(stdin), &opts, None, reconnect).await })
     };
     let (id, _) = peer.expect(proto::SPAWN).await;
     peer.send(frame_u32(proto::STARTED, id, 42));
@@ -509,17 +516,8 @@ async fn a_resume_with_no_helper_left_to_resume_through_ends_at_once() {
         grace_ms: 600_000,
         ..SpawnOpts::default()
     };
-    let spawn = {
-        let first = first.clone();
-        tokio::spawn(async move {
-            first
-                .spawn(&exec(Stdin::Null), &opts, None, Some(reconnect))
-                .await
-        })
-    };
-    let (id, _) = peer1.expect(proto::SPAWN).await;
-    peer1.send(frame_u32(proto::STARTED, id, 42));
-    let (_, mut process, _) = spawn.await.unwrap().expect("spawn");
+    let (_, mut process) =
+        started_with(&first, &mut peer1, Stdin::Null, opts, Some(reconnect)).await;
     peer1.hang_up();
     // Not retried for the exec's grace (10 minutes by default).
     let why = tokio::time::timeout(Duration::from_secs(5), first_error(&mut process))
@@ -719,17 +717,8 @@ async fn a_resume_whose_exec_is_gone_ends_the_output_with_an_error() {
         detach: true,
         ..SpawnOpts::default()
     };
-    let spawn = {
-        let first = first.clone();
-        tokio::spawn(async move {
-            first
-                .spawn(&exec(Stdin::Null), &opts, None, Some(reconnect))
-                .await
-        })
-    };
-    let (id, _) = peer1.expect(proto::SPAWN).await;
-    peer1.send(frame_u32(proto::STARTED, id, 42));
-    let (_, mut process, _) = spawn.await.unwrap().expect("spawn");
+    let (_, mut process) =
+        started_with(&first, &mut peer1, Stdin::Null, opts, Some(reconnect)).await;
     peer1.hang_up();
     let error = tokio::spawn(async move { first_error(&mut process).await });
     let (aid, _) = peer2.expect(proto::ATTACH).await;
