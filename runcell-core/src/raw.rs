@@ -199,6 +199,10 @@ pub struct RawExec {
     /// What the command reads: core feeds [`RawProcess::stdin`] with it when the backend
     /// returns a sink; a backend that cannot stream may deliver `Stdin::Bytes` itself.
     pub stdin: Stdin,
+    /// The command's stdout says where it ends (the exec helper's protocol): a backend
+    /// that marks the end of a command's output in band (Kubernetes: its stdout mark)
+    /// need not, and must then not hold back any of it.
+    pub self_delimited: bool,
 }
 
 impl RawExec {
@@ -214,6 +218,7 @@ impl RawExec {
             working_dir: None,
             user: None,
             stdin: Stdin::Null,
+            self_delimited: false,
         }
     }
 }

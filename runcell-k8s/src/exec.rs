@@ -5,13 +5,21 @@
 //! (in the env it gives), feeds stdin, runs the pump and the kill.
 //!
 //! The wrapper runs the command as its child and, when it exits, writes a trailer with
-//! the exit code to stderr (`\0\0sbx-exit:<nonce>:<code>\0`). The driver strips it and
-//! reports the code at once: on containerd a background child that keeps stdout open
-//! would otherwise hold the exec open until it exits (kubernetes#92057). Output that
-//! follows the trailer is still read while it flows: until [`AFTER_EXIT_BOUND`] passes
-//! without any, for at most [`AFTER_EXIT_CAP`]. (The command's own output may still be
-//! on its way when its trailer arrives on the other channel: with a reader slower than
-//! the stream, a fixed bound cut 3 MiB off a 256 MiB archive.)
+//! the exit code to stderr (`\0\0sbx-exit:<nonce>:<code>\0`), after a mark of the same
+//! kind on stdout (`\xffsbx-out:<nonce>:<code>\0`). The driver strips both and reports
+//! the code at once: on containerd a background child that keeps stdout open would
+//! otherwise hold the exec open until it exits (kubernetes#92057).
+//!
+//! The two channels travel apart (containerd, the kubelet and the API server copy each
+//! on its own), so the stderr trailer may arrive while megabytes of the command's stdout
+//! are still on their way. The stdout mark says when they all arrived: until it comes, no
+//! pause ends the output (a stall of [`AFTER_EXIT_CAP`] with nothing arriving fails the
+//! exec as cut, never as a success with part of its output). Output that follows both is
+//! a background child's: it is read while it flows, until [`AFTER_EXIT_BOUND`] passes
+//! without any, for at most [`AFTER_EXIT_CAP`]. (A pause bound alone cut 780 KiB off a
+//! 256 MiB archive on a loaded machine.) The stdout mark starts with `0xff`, a byte that
+//! text never holds: the scanner holds back a chunk's tail only when it could be the
+//! mark's start, so a text protocol is never kept waiting.
 //!
 //! The nonce is a fresh random value per exec that exists only in the header (a literal
 //! of the wrapper's script, read from stdin): it is in no environment, argv or URL, so the
@@ -66,6 +74,11 @@ fn trailer_printf(nonce: &str, payload: &str) -> String {
     format!("printf '\\000\\000sbx-exit:{nonce}:{payload}\\000'")
 }
 
+/// The `printf` of the stdout mark with this payload.
+fn mark_printf(nonce: &str, payload: &str) -> String {
+    format!("printf '\\377sbx-out:{nonce}:{payload}\\000'")
+}
+
 /// The header script for one exec: its env, its working directory, then the command.
 ///
 /// `exec` is the raw exec as core gives it (argv, env, working directory, stdin; user and
@@ -85,12 +98,20 @@ fn trailer_printf(nonce: &str, payload: &str) -> String {
 /// `framed_stdin`: for API servers that only speak `v4.channel.k8s.io`, where closing
 /// stdin closes the whole connection, stdin is never closed; instead the header gives the
 /// command `/dev/null` or exactly the `n` bytes that follow it (`head -c n`).
+///
+/// `marked`: the wrapper writes the stdout mark before each trailer (not for a command
+/// whose output says where it ends, [`RawExec::self_delimited`]).
 pub fn header(
     exec: &ExecSpec,
     nonce: &str,
     framed_stdin: bool,
+    marked: bool,
     run_env: &[(String, String)],
 ) -> String {
+    let mark = |payload: &str| match marked {
+        true => format!("{}; ", mark_printf(nonce, payload)),
+        false => String::new(),
+    };
     let mut script = String::new();
     let mut odd_names: Vec<String> = run_env
         .iter()
@@ -107,7 +128,8 @@ pub fn header(
     if let Some(dir) = &exec.working_dir {
         let q = sh_quote(dir);
         script.push_str(&format!(
-            "cd -- {q} 2>/dev/null || {{ if [ -e {q} ]; then {denied}; else {missing}; fi >&2; exit 126; }}\n",
+            "cd -- {q} 2>/dev/null || {{ {mark}if [ -e {q} ]; then {denied}; else {missing}; fi >&2; exit 126; }}\n",
+            mark = mark("126"),
             denied = trailer_printf(nonce, WORKDIR_DENIED),
             missing = trailer_printf(nonce, WORKDIR_MISSING),
         ));
@@ -128,8 +150,13 @@ pub fn header(
         (Stdin::Null, true) => script.push_str(&format!("{command} </dev/null\n")),
         (Stdin::Bytes(b), true) => script.push_str(&format!("head -c {} | {command}\n", b.len())),
     }
+    // The mark first: once the trailer was written, so was the mark.
     script.push_str(&format!(
-        "rc=$?\n{} \"$rc\" >&2\nexit \"$rc\"\n",
+        "rc=$?\n{}{} \"$rc\" >&2\nexit \"$rc\"\n",
+        match marked {
+            true => format!("{} \"$rc\"\n", mark_printf(nonce, "%d")),
+            false => String::new(),
+        },
         trailer_printf(nonce, "%d")
     ));
     format!("{}\n{script}", script.len())
@@ -158,6 +185,7 @@ pub(crate) async fn start(
         env,
         working_dir,
         stdin,
+        self_delimited,
         ..
     } = exec;
     let spec = ExecSpec {
@@ -204,7 +232,8 @@ pub(crate) async fn start(
     let stderr = process
         .stderr()
         .ok_or_else(|| Error::new(ErrorKind::Backend, "k8s: exec without stderr"))?;
-    let header = header(&spec, &nonce, framed_stdin, run_env);
+    let marked = !self_delimited;
+    let header = header(&spec, &nonce, framed_stdin, marked, run_env);
     // On v4, stdin must stay open until the exec is over: a task writes the header and
     // the bytes, then holds the writer until the exec's status is dropped.
     let (keep_open, mut keep_open_rx) = tokio::sync::oneshot::channel::<()>();
@@ -245,7 +274,7 @@ pub(crate) async fn start(
     )
     .boxed();
     let outcome = Arc::new(std::sync::Mutex::new(None));
-    let output = strip_trailer(output, Trailer::new(&nonce), outcome.clone());
+    let output = strip_trailer(output, &nonce, marked, outcome.clone());
     let status = process.take_status();
     Ok(RawProcess {
         output,
@@ -340,74 +369,136 @@ impl RawStatus for K8sStatus {
     }
 }
 
-/// How long output may pause after the command exited (its trailer arrived) before the
-/// exec's output is taken as over (a background child holding the stream open).
+/// How long output may pause after all of the command's own output arrived (its trailer
+/// and its stdout mark) before the exec's output is taken as over (a background child
+/// holding the stream open).
 pub const AFTER_EXIT_BOUND: Duration = Duration::from_secs(2);
-/// How long output is read at most after the command exited (a background child that
-/// keeps printing).
+/// How long output is read at most after all of the command's own output arrived (a
+/// background child that keeps printing); and how long the command's own output may
+/// stall, its trailer in, before the exec fails as cut.
 pub const AFTER_EXIT_CAP: Duration = Duration::from_secs(30);
 
 type Output = futures::stream::BoxStream<'static, std::io::Result<OutputChunk>>;
 
-/// Forwards `output` with the trailer removed from stderr, records what it said, and ends
-/// at most [`AFTER_EXIT_BOUND`] after the trailer.
+/// Forwards `output` with the trailer removed from stderr and the mark from stdout,
+/// records what the trailer said, and ends at most [`AFTER_EXIT_BOUND`] after both.
 fn strip_trailer(
     output: Output,
-    trailer: Trailer,
+    nonce: &str,
+    marked: bool,
     outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
 ) -> Output {
-    strip_trailer_within(output, trailer, outcome, AFTER_EXIT_BOUND, AFTER_EXIT_CAP)
+    let mut mark = Trailer::mark(nonce);
+    // Without a mark, the command's output is taken as in with its trailer.
+    mark.done = !marked;
+    strip_trailer_within(
+        output,
+        Trailer::new(nonce),
+        mark,
+        outcome,
+        AFTER_EXIT_BOUND,
+        AFTER_EXIT_CAP,
+    )
 }
 
-/// [`strip_trailer`] with its bounds after the trailer: `pause` without output, `cap` in
-/// all (the time the reader takes counts for neither: a pause is measured from the last
-/// chunk handed over).
+/// How long the start of what could be the stdout mark is held back while the command
+/// runs, when no more output follows (a program that waits for an answer after writing
+/// it must get it); a mark split by a pause that long is then not found, and the exec
+/// fails as cut, never with the mark's bytes in a successful output.
+const MARK_HOLD: Duration = Duration::from_millis(20);
+
+/// [`strip_trailer`] with its bounds: `pause` without output once the trailer and the
+/// mark are in; `cap` in all after that, and without output while the mark is still to
+/// come after the trailer (the time the reader takes counts for none: a pause is measured
+/// from the last chunk handed over). A stream that stalls or ends before the mark, its
+/// trailer in, ends with an error: the command's output did not all arrive.
 fn strip_trailer_within(
     mut output: Output,
     mut trailer: Trailer,
+    mut mark: Trailer,
     outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
     pause: Duration,
     cap: Duration,
 ) -> Output {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<OutputChunk>>(4);
     tokio::spawn(async move {
-        let mut deadline: Option<tokio::time::Instant> = None;
-        let mut until: Option<tokio::time::Instant> = None;
-        loop {
+        use tokio::time::Instant;
+        let mut exited = false;
+        // Set once the trailer and the mark are both in: the cap's end.
+        let mut until: Option<Instant> = None;
+        let mut last = Instant::now();
+        let cut = loop {
+            let deadline = match (exited, until) {
+                (false, _) if !mark.held.is_empty() => Some(last + MARK_HOLD),
+                (false, _) => None,
+                (true, None) => Some(last + cap),
+                (true, Some(until)) => Some((last + pause).min(until)),
+            };
             let next = match deadline {
                 None => output.next().await,
                 Some(d) => match tokio::time::timeout_at(d, output.next()).await {
                     Ok(n) => n,
-                    Err(_) => break,
+                    Err(_) if !exited => {
+                        let held = mark.flush();
+                        if tx.send(Ok(OutputChunk::Stdout(held.into()))).await.is_err() {
+                            return;
+                        }
+                        last = Instant::now();
+                        continue;
+                    }
+                    Err(_) => break until.is_none(),
                 },
             };
             let item = match next {
-                None => break,
-                Some(Ok(OutputChunk::Stderr(b))) => {
+                None => break exited && until.is_none(),
+                Some(Ok(OutputChunk::Stderr(b))) if !trailer.done => {
                     let (forward, found) = trailer.scan(&b);
                     if let Some(found) = found {
                         *outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
-                        let now = tokio::time::Instant::now();
-                        until = Some(now + cap);
-                        deadline = Some(now + pause.min(cap));
+                        exited = true;
+                    }
+                    if exited && mark.done && until.is_none() {
+                        until = Some(Instant::now() + cap);
                     }
                     if forward.is_empty() {
                         continue;
                     }
                     Ok(OutputChunk::Stderr(forward.into()))
                 }
+                Some(Ok(OutputChunk::Stdout(b))) if !mark.done => {
+                    let (forward, _) = mark.scan(&b);
+                    if exited && mark.done && until.is_none() {
+                        until = Some(Instant::now() + cap);
+                    }
+                    if forward.is_empty() {
+                        continue;
+                    }
+                    Ok(OutputChunk::Stdout(forward.into()))
+                }
                 Some(other) => other,
             };
             if tx.send(item).await.is_err() {
                 return;
             }
-            if let Some(until) = until {
-                deadline = Some((tokio::time::Instant::now() + pause).min(until));
+            last = Instant::now();
+        };
+        for (held, chunk) in [
+            (
+                mark.flush(),
+                OutputChunk::Stdout as fn(bytes::Bytes) -> OutputChunk,
+            ),
+            (trailer.flush(), OutputChunk::Stderr),
+        ] {
+            if !held.is_empty() && tx.send(Ok(chunk(held.into()))).await.is_err() {
+                return;
             }
         }
-        let rest = trailer.flush();
-        if !rest.is_empty() {
-            let _ = tx.send(Ok(OutputChunk::Stderr(rest.into()))).await;
+        if cut {
+            let _ = tx
+                .send(Err(std::io::Error::other(
+                    "the command exited but its output stopped arriving before its end",
+                )))
+                .await;
         }
     });
     tokio_stream_from(rx)
@@ -457,7 +548,9 @@ impl Outcome {
     }
 }
 
-/// Finds and removes `\0\0sbx-exit:<nonce>:<payload>\0` in a byte stream split in chunks.
+/// Finds and removes `\0\0sbx-exit:<nonce>:<payload>\0` (the trailer, on stderr) or
+/// `\xffsbx-out:<nonce>:<payload>\0` (the mark, on stdout) in a byte stream split in
+/// chunks.
 #[derive(Debug)]
 pub struct Trailer {
     prefix: Vec<u8>,
@@ -473,6 +566,17 @@ impl Trailer {
     pub fn new(nonce: &str) -> Trailer {
         Trailer {
             prefix: format!("\0\0sbx-exit:{nonce}:").into_bytes(),
+            held: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// A scanner for the stdout mark of the exec with this nonce.
+    pub fn mark(nonce: &str) -> Trailer {
+        let mut prefix = vec![0xff];
+        prefix.extend_from_slice(format!("sbx-out:{nonce}:").as_bytes());
+        Trailer {
+            prefix,
             held: Vec::new(),
             done: false,
         }
@@ -519,7 +623,7 @@ impl Trailer {
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(haystack, needle)
 }
 
 /// Reads the exit code from the status channel's `Status`: `Success`, or `Failure` with
@@ -552,55 +656,155 @@ pub fn status_to_exit(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status
 mod tests {
     use super::*;
 
-    /// Output after the trailer is read while it flows, however slow its reader, and no
-    /// longer than the cap; a pause ends it.
+    /// What a test stream carries: a chunk after a delay.
+    enum Sent {
+        Out(u64, &'static [u8]),
+        Err(u64, &'static [u8]),
+    }
+
+    /// `sent`, then a stream that never ends (a background child holds it) or that ends.
+    fn stream(sent: Vec<Sent>, ends: bool) -> Output {
+        let items = futures::stream::iter(sent).then(|s| async move {
+            let (ms, chunk) = match s {
+                Sent::Out(ms, b) => (ms, OutputChunk::Stdout(bytes::Bytes::from_static(b))),
+                Sent::Err(ms, b) => (ms, OutputChunk::Stderr(bytes::Bytes::from_static(b))),
+            };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(chunk)
+        });
+        if ends {
+            items.boxed()
+        } else {
+            items.chain(futures::stream::pending()).boxed()
+        }
+    }
+
+    /// Reads `output` through the stripper (pause 300 ms, cap 3 s), `reader_ms` per chunk:
+    /// stdout, stderr, whether it ended with an error, and the time it took.
+    async fn read_stripped(output: Output, reader_ms: u64) -> (Vec<u8>, Vec<u8>, bool, Duration) {
+        let outcome = Arc::new(std::sync::Mutex::new(None));
+        let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
+        let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
+        let mut out = strip_trailer_within(output, trailer, mark, outcome, pause, cap);
+        let (mut stdout, mut stderr, mut failed) = (Vec::new(), Vec::new(), false);
+        let started = tokio::time::Instant::now();
+        while let Some(chunk) = out.next().await {
+            match chunk {
+                Ok(OutputChunk::Stdout(b)) => stdout.extend_from_slice(&b),
+                Ok(OutputChunk::Stderr(b)) => stderr.extend_from_slice(&b),
+                Ok(_) => {}
+                Err(_) => failed = true,
+            }
+            // A slow reader: it may take longer per chunk than the pause.
+            tokio::time::sleep(Duration::from_millis(reader_ms)).await;
+        }
+        (stdout, stderr, failed, started.elapsed())
+    }
+
+    const TRAILER: &[u8] = b"\0\0sbx-exit:n1:0\0";
+    const MARK: &[u8] = b"\xffsbx-out:n1:0\0";
+
+    /// After the command exited, its own output is read to its stdout mark however long
+    /// it takes to come (the trailer travels apart, on stderr); a background child's
+    /// output after that while it flows, however slow its reader, and no longer than the
+    /// cap; a pause ends it.
     #[tokio::test]
     async fn output_after_the_trailer_is_read_while_it_flows() {
-        let chunks = |rest: Vec<(u64, &'static [u8])>| -> Output {
-            let head = futures::stream::iter([Ok(OutputChunk::Stderr(bytes::Bytes::from_static(
-                b"\0\0sbx-exit:n1:0\0",
-            )))]);
-            let tail = futures::stream::iter(rest).then(|(ms, b)| async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                Ok(OutputChunk::Stdout(bytes::Bytes::from_static(b)))
-            });
-            head.chain(tail).chain(futures::stream::pending()).boxed()
-        };
-        let read = |output: Output, reader_ms: u64| async move {
-            let outcome = Arc::new(std::sync::Mutex::new(None));
-            let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
-            let mut out = strip_trailer_within(output, Trailer::new("n1"), outcome, pause, cap);
-            let (mut got, started) = (Vec::new(), tokio::time::Instant::now());
-            while let Some(Ok(chunk)) = out.next().await {
-                if let OutputChunk::Stdout(b) = chunk {
-                    got.extend_from_slice(&b);
-                }
-                // A slow reader: it takes longer per chunk than the pause.
-                tokio::time::sleep(Duration::from_millis(reader_ms)).await;
-            }
-            (got, started.elapsed())
-        };
-        // Ten chunks 200 ms apart, read at 500 ms each: all of them.
-        let (got, _) = read(chunks(vec![(200, b"x"); 10]), 500).await;
-        assert_eq!(got, b"xxxxxxxxxx");
+        use Sent::{Err as E, Out as O};
+        // The command's stdout, with a stall five times the pause, after its trailer:
+        // all of it arrives.
+        let (out, err, failed, _) = read_stripped(
+            stream(
+                vec![E(0, TRAILER), O(100, b"a"), O(1500, b"b"), O(0, MARK)],
+                false,
+            ),
+            0,
+        )
+        .await;
+        assert_eq!((out, err, failed), (b"ab".to_vec(), vec![], false));
+        // Ten chunks 200 ms apart after both, read at 500 ms each: all of them.
+        let mut sent = vec![E(0, TRAILER), O(0, MARK)];
+        sent.extend((0..10).map(|_| O(200, b"x")));
+        let (out, _, failed, _) = read_stripped(stream(sent, false), 500).await;
+        assert_eq!((out, failed), (b"xxxxxxxxxx".to_vec(), false));
         // A pause longer than the bound ends it.
-        let (got, took) = read(chunks(vec![(100, b"a"), (100, b"b"), (1000, b"late")]), 0).await;
-        assert_eq!(got, b"ab");
+        let sent = vec![
+            O(0, b"own"),
+            O(0, MARK),
+            E(0, TRAILER),
+            O(100, b"a"),
+            O(100, b"b"),
+            O(1000, b"late"),
+        ];
+        let (out, _, failed, took) = read_stripped(stream(sent, false), 0).await;
+        assert_eq!((out, failed), (b"ownab".to_vec(), false));
         assert!(took < Duration::from_millis(900), "{took:?}");
-        // Nothing after the trailer (a silent background child holds the stream): the
-        // pause ends it.
-        let (got, took) = read(chunks(vec![]), 0).await;
-        assert!(
-            got.is_empty() && took < Duration::from_millis(900),
-            "{took:?}"
-        );
+        // Nothing after the trailer and the mark (a silent background child holds the
+        // stream): the pause ends it.
+        let (out, _, failed, took) =
+            read_stripped(stream(vec![O(0, MARK), E(0, TRAILER)], false), 0).await;
+        assert!(out.is_empty() && !failed && took < Duration::from_millis(900));
         // A stream that never stops ends at the cap.
-        let (got, took) = read(chunks(vec![(100, b"y"); 100]), 0).await;
+        let mut sent = vec![E(0, TRAILER), O(0, MARK)];
+        sent.extend((0..100).map(|_| O(100, b"y")));
+        let (out, _, failed, took) = read_stripped(stream(sent, false), 0).await;
         assert!(
-            got.len() < 40 && took < Duration::from_secs(4),
+            out.len() < 40 && !failed && took < Duration::from_secs(4),
             "{} {took:?}",
-            got.len()
+            out.len()
         );
+        // The mark split over chunks, and text ending in a lone byte of it around it.
+        let sent = vec![
+            O(0, b"1\xff"),
+            O(0, b"2"),
+            O(0, b"\xffsbx-o"),
+            O(0, b"ut:n1:0\0"),
+            E(0, TRAILER),
+        ];
+        let (out, _, failed, _) = read_stripped(stream(sent, true), 0).await;
+        assert_eq!((out, failed), (b"1\xff2".to_vec(), false));
+    }
+
+    /// While the command runs, the start of what could be the mark is held back only
+    /// briefly: a program that waits for an answer gets all it wrote.
+    #[tokio::test]
+    async fn a_tail_like_the_marks_start_is_not_held_while_the_command_waits() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let output = tokio_stream_from(rx);
+        let outcome = Arc::new(std::sync::Mutex::new(None));
+        let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
+        let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
+        let mut out = strip_trailer_within(output, trailer, mark, outcome, pause, cap);
+        let stdout = |b: &'static [u8]| Ok(OutputChunk::Stdout(bytes::Bytes::from_static(b)));
+        tx.send(stdout(b"prompt\xffsbx-o")).await.unwrap();
+        let mut got = Vec::new();
+        let started = tokio::time::Instant::now();
+        while got.len() < b"prompt\xffsbx-o".len() {
+            match tokio::time::timeout(Duration::from_secs(2), out.next()).await {
+                Ok(Some(Ok(OutputChunk::Stdout(b)))) => got.extend_from_slice(&b),
+                other => panic!("{other:?} after {got:?}"),
+            }
+        }
+        assert_eq!(got, b"prompt\xffsbx-o");
+        assert!(started.elapsed() < Duration::from_millis(500));
+    }
+
+    /// The command's trailer in and its stdout mark never: a stall of the cap, or the end
+    /// of the stream, fails the exec; its output so far is passed on.
+    #[tokio::test]
+    async fn output_cut_before_the_mark_is_an_error() {
+        use Sent::{Err as E, Out as O};
+        let (out, _, failed, took) =
+            read_stripped(stream(vec![E(0, TRAILER), O(0, b"part")], false), 0).await;
+        assert_eq!((out, failed), (b"part".to_vec(), true));
+        assert!(took >= Duration::from_secs(3), "{took:?}");
+        let (out, _, failed, _) =
+            read_stripped(stream(vec![O(0, b"part\xffsbx"), E(0, TRAILER)], true), 0).await;
+        assert_eq!((out, failed), (b"part\xffsbx".to_vec(), true));
+        // Before the trailer, no bound: a command may be silent for as long as it runs;
+        // a stream that ends without either is not cut (its status frame tells).
+        let (out, _, failed, _) = read_stripped(stream(vec![O(4000, b"slow")], true), 0).await;
+        assert_eq!((out, failed), (b"slow".to_vec(), false));
     }
 
     #[test]
@@ -638,7 +842,7 @@ mod tests {
             .env("A", "it's $HOME")
             .env("my.var", "1")
             .working_dir("/tmp/a b");
-        let h = header(&marked(&spec, "m1"), "n1", false, &[]);
+        let h = header(&marked(&spec, "m1"), "n1", false, true, &[]);
         let (len, script) = h.split_once('\n').unwrap();
         assert_eq!(len.parse::<usize>().unwrap(), script.len());
         insta::assert_snapshot!(script);
@@ -646,14 +850,18 @@ mod tests {
             &marked(&spec.clone().stdin_bytes(&b"12345"[..]), "m1"),
             "n1",
             true,
+            true,
             &[],
         );
+        // A command whose output says where it ends gets no mark.
+        let unmarked = header(&marked(&spec, "m1"), "n1", false, false, &[]);
+        assert!(!unmarked.contains("sbx-out") && unmarked.contains("sbx-exit:n1:%d"));
         assert!(
             framed.contains("head -c 5 | env -- 'my.var=1' \"$@\"\n"),
             "{framed}"
         );
         assert!(
-            header(&marked(&ExecSpec::new(["x"]), "m1"), "n1", true, &[])
+            header(&marked(&ExecSpec::new(["x"]), "m1"), "n1", true, true, &[])
                 .contains("( exec \"$@\" ) </dev/null\n")
         );
     }
@@ -664,10 +872,11 @@ mod tests {
         let nonce = new_nonce();
         assert_eq!(nonce.len(), 32);
         assert_ne!(nonce, new_nonce());
-        let h = header(&marked(&spec, "marker1"), &nonce, false, &[]);
+        let h = header(&marked(&spec, "marker1"), &nonce, false, true, &[]);
         for line in h.lines().filter(|l| l.contains(&nonce)) {
             assert!(
-                line.contains(&format!("printf '\\000\\000sbx-exit:{nonce}:")),
+                line.contains(&format!("printf '\\000\\000sbx-exit:{nonce}:"))
+                    || line.contains(&format!("printf '\\377sbx-out:{nonce}:")),
                 "the nonce outside a trailer printf: {line}"
             );
             assert!(!line.contains("export"), "{line}");
@@ -775,7 +984,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let mut input = header(&marked(spec, marker), &nonce, framed, &run_env).into_bytes();
+        let mut input = header(&marked(spec, marker), &nonce, framed, true, &run_env).into_bytes();
         if let Stdin::Bytes(b) = &spec.stdin {
             input.extend_from_slice(b);
         }
@@ -796,8 +1005,19 @@ mod tests {
         let mut trailer = Trailer::new(&nonce);
         let (mut stderr, outcome) = trailer.scan(&out.stderr);
         stderr.extend(trailer.flush());
+        let mut mark = Trailer::mark(&nonce);
+        let (mut stdout, marked) = mark.scan(&out.stdout);
+        stdout.extend(mark.flush());
+        // The mark is the last thing the wrapper writes to stdout, whenever it writes
+        // the trailer.
+        assert_eq!(marked.is_some(), outcome.is_some(), "{}", shell.name);
+        assert!(
+            marked.is_none() || out.stdout.ends_with(b"\0"),
+            "{}: output after the mark",
+            shell.name
+        );
         Local {
-            stdout: out.stdout,
+            stdout,
             stderr,
             outcome,
         }

@@ -108,6 +108,7 @@ async fn install<B: Backend>(backend: &B, id: &str) -> Result<()> {
 async fn open<B: Backend>(backend: &B, id: &str) -> Result<Session> {
     let mut exec = RawExec::new([HELPER_PATH]);
     exec.stdin = Stdin::Piped;
+    exec.self_delimited = true;
     let process = backend.exec_raw(id, exec).await?;
     let session = Session::open(process, GREETING_TIMEOUT).await?;
     let hello = &session.hello;

@@ -170,6 +170,7 @@ impl<B: Backend> Control<B> {
             working_dir: Some("/".into()),
             user: self.user.clone(),
             stdin: Stdin::Null,
+            self_delimited: false,
         };
         let probe = async {
             let mut process = self.backend.exec_raw(&self.id, raw).await?;
@@ -219,6 +220,7 @@ impl<B: Backend> ExecControl for Control<B> {
             working_dir: Some("/".into()),
             user: self.user.clone(),
             stdin: Stdin::Null,
+            self_delimited: false,
         };
         // What the kill says on stderr (which processes outlived it), kept bounded.
         let mut said = Vec::new();

@@ -332,6 +332,7 @@ impl<B: Backend> Run for CoreRun<B> {
             working_dir,
             user: spec.user.clone(),
             stdin: spec.stdin.clone(),
+            self_delimited: false,
         };
         let plain_control = |status| Control {
             backend: self.backend.clone(),
