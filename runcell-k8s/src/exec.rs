@@ -74,7 +74,9 @@ fn trailer_printf(nonce: &str, payload: &str) -> String {
     format!("printf '\\000\\000sbx-exit:{nonce}:{payload}\\000'")
 }
 
-/// The `printf` of the stdout mark with this payload.
+/// The `printf` of the stdout mark with this payload (its arguments and its redirection
+/// of stderr to follow: a failed write, on a stdout the command left non-blocking and
+/// full, must not print into the command's stderr).
 fn mark_printf(nonce: &str, payload: &str) -> String {
     format!("printf '\\377sbx-out:{nonce}:{payload}\\000'")
 }
@@ -109,7 +111,7 @@ pub fn header(
     run_env: &[(String, String)],
 ) -> String {
     let mark = |payload: &str| match marked {
-        true => format!("{}; ", mark_printf(nonce, payload)),
+        true => format!("{} 2>/dev/null; ", mark_printf(nonce, payload)),
         false => String::new(),
     };
     let mut script = String::new();
@@ -154,7 +156,7 @@ pub fn header(
     script.push_str(&format!(
         "rc=$?\n{}{} \"$rc\" >&2\nexit \"$rc\"\n",
         match marked {
-            true => format!("{} \"$rc\"\n", mark_printf(nonce, "%d")),
+            true => format!("{} \"$rc\" 2>/dev/null\n", mark_printf(nonce, "%d")),
             false => String::new(),
         },
         trailer_printf(nonce, "%d")
@@ -273,15 +275,15 @@ pub(crate) async fn start(
         ReaderStream::with_capacity(stderr, STREAM_BUF).map(|r| r.map(OutputChunk::Stderr)),
     )
     .boxed();
-    let outcome = Arc::new(std::sync::Mutex::new(None));
-    let output = strip_trailer(output, &nonce, marked, outcome.clone());
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let output = strip_trailer(output, &nonce, marked, seen.clone());
     let status = process.take_status();
     Ok(RawProcess {
         output,
         stdin: sink,
         status: Box::new(K8sStatus {
             working_dir: spec.working_dir,
-            outcome,
+            seen,
             _keep_stdin_open: keep_open,
             status: Mutex::new(status.map(|f| Box::pin(f) as StatusFuture)),
             process: Mutex::new(Some(process)),
@@ -329,8 +331,8 @@ fn exec_error(e: kube::Error) -> Error {
 struct K8sStatus {
     /// The exec's working directory, for the reason of a [`ExitStatus::NotStarted`].
     working_dir: Option<String>,
-    /// What the wrapper's trailer said, once seen.
-    outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
+    /// What the wrapper's trailer said, once seen; whether the output ended unmarked.
+    seen: Arc<std::sync::Mutex<Seen>>,
     /// Dropped with the status (when core's pump is done): releases a v4 stdin kept open.
     _keep_stdin_open: tokio::sync::oneshot::Sender<()>,
     status: Mutex<Option<StatusFuture>>,
@@ -344,12 +346,29 @@ const STATUS_WAIT: Duration = Duration::from_secs(10);
 #[async_trait]
 impl RawStatus for K8sStatus {
     async fn status(&self) -> Result<ExitStatus> {
-        let outcome = self
-            .outcome
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let (outcome, unmarked) = {
+            let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            (seen.outcome.clone(), seen.unmarked)
+        };
         if let Some(outcome) = outcome {
+            if unmarked {
+                // The output ended before the command's mark: all of it arrived only if
+                // the exec ended, which its status frame says.
+                let fut = self.status.lock().await.take();
+                let ended = match fut {
+                    Some(fut) => {
+                        matches!(tokio::time::timeout(STATUS_WAIT, fut).await, Ok(Some(_)))
+                    }
+                    None => false,
+                };
+                self.process.lock().await.take();
+                return Ok(match ended {
+                    true => outcome.status(self.working_dir.as_deref()),
+                    false => ExitStatus::TransportLost(
+                        "the output ended before the command's end mark, without a status: it may be incomplete".into(),
+                    ),
+                });
+            }
             // The command exited; the websocket may stay open for a background child.
             self.process.lock().await.take();
             return Ok(outcome.status(self.working_dir.as_deref()));
@@ -386,7 +405,7 @@ fn strip_trailer(
     output: Output,
     nonce: &str,
     marked: bool,
-    outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
+    seen: Arc<std::sync::Mutex<Seen>>,
 ) -> Output {
     let mut mark = Trailer::mark(nonce);
     // Without a mark, the command's output is taken as in with its trailer.
@@ -395,7 +414,7 @@ fn strip_trailer(
         output,
         Trailer::new(nonce),
         mark,
-        outcome,
+        seen,
         AFTER_EXIT_BOUND,
         AFTER_EXIT_CAP,
     )
@@ -403,9 +422,23 @@ fn strip_trailer(
 
 /// How long the start of what could be the stdout mark is held back while the command
 /// runs, when no more output follows (a program that waits for an answer after writing
-/// it must get it); a mark split by a pause that long is then not found, and the exec
-/// fails as cut, never with the mark's bytes in a successful output.
+/// it must get it): a lone `0xff` briefly, a longer start (`0xff` then `sbx-…`, which
+/// output hardly ends with) longer. A mark split by a pause that long fails the exec,
+/// never with the mark's bytes in a successful output.
 const MARK_HOLD: Duration = Duration::from_millis(20);
+/// See [`MARK_HOLD`].
+const MARK_HOLD_LONG: Duration = Duration::from_secs(2);
+
+/// What the output told of the command's end, for its status.
+#[derive(Debug, Default)]
+struct Seen {
+    /// What the trailer said, once seen.
+    outcome: Option<Outcome>,
+    /// The output ended after the trailer without the stdout mark (a command that left
+    /// stdout non-blocking and full: the wrapper's mark could not be written): complete
+    /// only if the exec's status frame comes.
+    unmarked: bool,
+}
 
 /// [`strip_trailer`] with its bounds: `pause` without output once the trailer and the
 /// mark are in; `cap` in all after that, and without output while the mark is still to
@@ -416,7 +449,7 @@ fn strip_trailer_within(
     mut output: Output,
     mut trailer: Trailer,
     mut mark: Trailer,
-    outcome: Arc<std::sync::Mutex<Option<Outcome>>>,
+    seen: Arc<std::sync::Mutex<Seen>>,
     pause: Duration,
     cap: Duration,
 ) -> Output {
@@ -426,11 +459,13 @@ fn strip_trailer_within(
         let mut exited = false;
         // Set once the trailer and the mark are both in: the cap's end.
         let mut until: Option<Instant> = None;
+        // The last chunk received or handed over.
         let mut last = Instant::now();
+        // Since when the mark scanner holds back a tail.
+        let mut held_since: Option<Instant> = None;
         let cut = loop {
             let deadline = match (exited, until) {
-                (false, _) if !mark.held.is_empty() => Some(last + MARK_HOLD),
-                (false, _) => None,
+                (false, _) => held_since.map(|t| t + mark.hold()),
                 (true, None) => Some(last + cap),
                 (true, Some(until)) => Some((last + pause).min(until)),
             };
@@ -439,22 +474,31 @@ fn strip_trailer_within(
                 Some(d) => match tokio::time::timeout_at(d, output.next()).await {
                     Ok(n) => n,
                     Err(_) if !exited => {
-                        let held = mark.flush();
+                        held_since = None;
+                        let held = mark.release();
                         if tx.send(Ok(OutputChunk::Stdout(held.into()))).await.is_err() {
                             return;
                         }
                         last = Instant::now();
                         continue;
                     }
-                    Err(_) => break until.is_none(),
+                    Err(_) => break until.is_none().then_some(CUT),
                 },
             };
+            last = Instant::now();
             let item = match next {
-                None => break exited && until.is_none(),
+                // Ended before the mark: complete only if the exec ended, which its status
+                // frame tells (`Seen::unmarked`).
+                None => {
+                    if exited && !mark.done {
+                        seen.lock().unwrap_or_else(|p| p.into_inner()).unmarked = true;
+                    }
+                    break None;
+                }
                 Some(Ok(OutputChunk::Stderr(b))) if !trailer.done => {
                     let (forward, found) = trailer.scan(&b);
                     if let Some(found) = found {
-                        *outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
+                        seen.lock().unwrap_or_else(|p| p.into_inner()).outcome = Some(found);
                         exited = true;
                     }
                     if exited && mark.done && until.is_none() {
@@ -467,6 +511,14 @@ fn strip_trailer_within(
                 }
                 Some(Ok(OutputChunk::Stdout(b))) if !mark.done => {
                     let (forward, _) = mark.scan(&b);
+                    if mark.broken {
+                        break Some(SPLIT);
+                    }
+                    held_since = match (mark.held.is_empty(), held_since) {
+                        (true, _) => None,
+                        (false, None) => Some(Instant::now()),
+                        (false, since) => since,
+                    };
                     if exited && mark.done && until.is_none() {
                         until = Some(Instant::now() + cap);
                     }
@@ -493,16 +545,17 @@ fn strip_trailer_within(
                 return;
             }
         }
-        if cut {
-            let _ = tx
-                .send(Err(std::io::Error::other(
-                    "the command exited but its output stopped arriving before its end",
-                )))
-                .await;
+        if let Some(why) = cut {
+            let _ = tx.send(Err(std::io::Error::other(why))).await;
         }
     });
     tokio_stream_from(rx)
 }
+
+/// Why an exec's output failed: it stalled before the command's stdout mark.
+const CUT: &str = "the command exited but its output stopped arriving before its end";
+/// Why an exec's output failed: the start of the mark was passed on as output.
+const SPLIT: &str = "the end mark of the command's output came split by a pause and part of it was passed on as output";
 
 fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<std::io::Result<OutputChunk>>) -> Output {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
@@ -556,6 +609,11 @@ pub struct Trailer {
     prefix: Vec<u8>,
     held: Vec<u8>,
     done: bool,
+    /// What [`Trailer::release`] passed on that may still be the start of a match: were
+    /// it one, the match is [`Trailer::broken`].
+    released: Vec<u8>,
+    /// A match whose start was released as output: found, and not removed.
+    broken: bool,
 }
 
 /// A payload longer than this is not a trailer.
@@ -568,6 +626,8 @@ impl Trailer {
             prefix: format!("\0\0sbx-exit:{nonce}:").into_bytes(),
             held: Vec::new(),
             done: false,
+            released: Vec::new(),
+            broken: false,
         }
     }
 
@@ -579,6 +639,8 @@ impl Trailer {
             prefix,
             held: Vec::new(),
             done: false,
+            released: Vec::new(),
+            broken: false,
         }
     }
 
@@ -586,6 +648,20 @@ impl Trailer {
     pub fn scan(&mut self, chunk: &[u8]) -> (Vec<u8>, Option<Outcome>) {
         if self.done {
             return (chunk.to_vec(), None);
+        }
+        if !self.released.is_empty() {
+            let mut joined = std::mem::take(&mut self.released);
+            joined.extend_from_slice(&chunk[..chunk.len().min(self.prefix.len())]);
+            if joined.starts_with(&self.prefix) {
+                self.broken = true;
+                self.done = true;
+                return (chunk.to_vec(), None);
+            }
+            if self.prefix.starts_with(&joined) {
+                // Still the start of a match: the chunk goes on, and so does the watch.
+                self.released = joined;
+                return (chunk.to_vec(), None);
+            }
         }
         let mut data = std::mem::take(&mut self.held);
         data.extend_from_slice(chunk);
@@ -619,6 +695,22 @@ impl Trailer {
     /// What is still held back, at the end of the stream.
     pub fn flush(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.held)
+    }
+
+    /// What is held back, to pass on before the stream ends (no more output came for
+    /// [`Trailer::hold`]); should the match go on in the next chunks, it is
+    /// [`Trailer::broken`].
+    fn release(&mut self) -> Vec<u8> {
+        self.released = self.held.clone();
+        std::mem::take(&mut self.held)
+    }
+
+    /// How long what is held back may stay so while no more output comes.
+    fn hold(&self) -> Duration {
+        match self.held.len() {
+            0 | 1 => MARK_HOLD,
+            _ => MARK_HOLD_LONG,
+        }
     }
 }
 
@@ -682,10 +774,19 @@ mod tests {
     /// Reads `output` through the stripper (pause 300 ms, cap 3 s), `reader_ms` per chunk:
     /// stdout, stderr, whether it ended with an error, and the time it took.
     async fn read_stripped(output: Output, reader_ms: u64) -> (Vec<u8>, Vec<u8>, bool, Duration) {
-        let outcome = Arc::new(std::sync::Mutex::new(None));
+        let (out, err, failed, took, _) = read_stripped_seen(output, reader_ms).await;
+        (out, err, failed, took)
+    }
+
+    /// [`read_stripped`], and whether the output ended after the trailer, unmarked.
+    async fn read_stripped_seen(
+        output: Output,
+        reader_ms: u64,
+    ) -> (Vec<u8>, Vec<u8>, bool, Duration, bool) {
+        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
         let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
         let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
-        let mut out = strip_trailer_within(output, trailer, mark, outcome, pause, cap);
+        let mut out = strip_trailer_within(output, trailer, mark, seen.clone(), pause, cap);
         let (mut stdout, mut stderr, mut failed) = (Vec::new(), Vec::new(), false);
         let started = tokio::time::Instant::now();
         while let Some(chunk) = out.next().await {
@@ -698,7 +799,8 @@ mod tests {
             // A slow reader: it may take longer per chunk than the pause.
             tokio::time::sleep(Duration::from_millis(reader_ms)).await;
         }
-        (stdout, stderr, failed, started.elapsed())
+        let unmarked = seen.lock().unwrap().unmarked;
+        (stdout, stderr, failed, started.elapsed(), unmarked)
     }
 
     const TRAILER: &[u8] = b"\0\0sbx-exit:n1:0\0";
@@ -708,9 +810,17 @@ mod tests {
     /// it takes to come (the trailer travels apart, on stderr); a background child's
     /// output after that while it flows, however slow its reader, and no longer than the
     /// cap; a pause ends it.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn output_after_the_trailer_is_read_while_it_flows() {
         use Sent::{Err as E, Out as O};
+        // A command silent for longer than the cap, whose trailer overtakes its mark.
+        for sent in [
+            vec![E(3500, TRAILER), O(5, MARK)],
+            vec![O(0, b"x"), E(3500, TRAILER), O(5, MARK), O(100, b"bg")],
+        ] {
+            let (out, _, failed, _) = read_stripped(stream(sent, false), 0).await;
+            assert!(!failed && out.len() <= 3, "{out:?}");
+        }
         // The command's stdout, with a stall five times the pause, after its trailer:
         // all of it arrives.
         let (out, err, failed, _) = read_stripped(
@@ -767,40 +877,76 @@ mod tests {
 
     /// While the command runs, the start of what could be the mark is held back only
     /// briefly: a program that waits for an answer gets all it wrote.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_tail_like_the_marks_start_is_not_held_while_the_command_waits() {
+        use Sent::{Err as E, Out as O};
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let output = tokio_stream_from(rx);
-        let outcome = Arc::new(std::sync::Mutex::new(None));
+        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
         let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
         let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
-        let mut out = strip_trailer_within(output, trailer, mark, outcome, pause, cap);
+        let mut out = strip_trailer_within(output, trailer, mark, seen, pause, cap);
         let stdout = |b: &'static [u8]| Ok(OutputChunk::Stdout(bytes::Bytes::from_static(b)));
         tx.send(stdout(b"prompt\xffsbx-o")).await.unwrap();
         let mut got = Vec::new();
         let started = tokio::time::Instant::now();
         while got.len() < b"prompt\xffsbx-o".len() {
-            match tokio::time::timeout(Duration::from_secs(2), out.next()).await {
+            match tokio::time::timeout(Duration::from_secs(5), out.next()).await {
                 Ok(Some(Ok(OutputChunk::Stdout(b)))) => got.extend_from_slice(&b),
                 other => panic!("{other:?} after {got:?}"),
             }
         }
         assert_eq!(got, b"prompt\xffsbx-o");
-        assert!(started.elapsed() < Duration::from_millis(500));
+        assert!(started.elapsed() <= MARK_HOLD_LONG + Duration::from_millis(100));
+        // A lone 0xff goes on after the short hold, stderr chatter or not.
+        let mut sent = vec![O(0, b"prompt\xff")];
+        sent.extend((0..100).map(|_| E(10, b".")));
+        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+        let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
+        let mut out = strip_trailer_within(stream(sent, false), trailer, mark, seen, pause, cap);
+        let started = tokio::time::Instant::now();
+        let mut got = Vec::new();
+        while got != b"prompt\xff" {
+            if let Some(Ok(OutputChunk::Stdout(b))) = out.next().await {
+                got.extend_from_slice(&b);
+            }
+        }
+        assert!(started.elapsed() <= MARK_HOLD + Duration::from_millis(20));
+        // A mark split by a pause longer than the short hold right after its 0xff: the
+        // exec fails (the 0xff went out as output); after a longer start, it is found.
+        let split = vec![O(0, b"data\xff"), O(50, b"sbx-out:n1:0\0"), E(0, TRAILER)];
+        let (out, _, failed, _) = read_stripped(stream(split, true), 0).await;
+        assert!(failed && out.starts_with(b"data\xff"), "{out:?}");
+        let split = vec![O(0, b"data\xffsbx-o"), O(50, b"ut:n1:0\0"), E(0, TRAILER)];
+        let (out, _, failed, _) = read_stripped(stream(split, true), 0).await;
+        assert_eq!((out, failed), (b"data".to_vec(), false));
+        // Split in three, the middle alone.
+        let split = vec![
+            O(0, b"d\xffsb"),
+            O(0, b"x-out:"),
+            O(0, b"n1:0\0"),
+            E(0, TRAILER),
+        ];
+        let (out, _, failed, _) = read_stripped(stream(split, true), 0).await;
+        assert_eq!((out, failed), (b"d".to_vec(), false));
     }
 
-    /// The command's trailer in and its stdout mark never: a stall of the cap, or the end
-    /// of the stream, fails the exec; its output so far is passed on.
-    #[tokio::test]
+    /// The command's trailer in and its stdout mark never: a stall of the cap fails the
+    /// exec, the end of the stream leaves it to the status; its output so far is passed on.
+    #[tokio::test(start_paused = true)]
     async fn output_cut_before_the_mark_is_an_error() {
         use Sent::{Err as E, Out as O};
         let (out, _, failed, took) =
             read_stripped(stream(vec![E(0, TRAILER), O(0, b"part")], false), 0).await;
         assert_eq!((out, failed), (b"part".to_vec(), true));
         assert!(took >= Duration::from_secs(3), "{took:?}");
-        let (out, _, failed, _) =
-            read_stripped(stream(vec![O(0, b"part\xffsbx"), E(0, TRAILER)], true), 0).await;
-        assert_eq!((out, failed), (b"part\xffsbx".to_vec(), true));
+        // Ended before the mark: the status frame decides (see K8sStatus).
+        let (out, _, failed, _, unmarked) =
+            read_stripped_seen(stream(vec![O(0, b"part\xffsbx"), E(0, TRAILER)], true), 0).await;
+        assert_eq!(
+            (out, failed, unmarked),
+            (b"part\xffsbx".to_vec(), false, true)
+        );
         // Before the trailer, no bound: a command may be silent for as long as it runs;
         // a stream that ends without either is not cut (its status frame tells).
         let (out, _, failed, _) = read_stripped(stream(vec![O(4000, b"slow")], true), 0).await;
