@@ -119,6 +119,31 @@ fn is_unsafe_char(c: char) -> bool {
         )
 }
 
+/// The host limit a cause reports, where it is one: an [`std::io::Error`] of `EMFILE` or
+/// `ENFILE` in its chain (through the errors an `io::Error` wraps too).
+fn host_limit(source: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut next = Some(source);
+    // A chain is short; a cycle must not hold the caller.
+    for _ in 0..64 {
+        let e = next?;
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            match io.raw_os_error() {
+                Some(libc::EMFILE) => {
+                    return Some("the open files of this process (RLIMIT_NOFILE, ulimit -n)");
+                }
+                Some(libc::ENFILE) => return Some("the open files of the host (fs.file-max)"),
+                _ => {}
+            }
+            if let Some(inner) = io.get_ref() {
+                next = Some(inner);
+                continue;
+            }
+        }
+        next = e.source();
+    }
+    None
+}
+
 /// The error of every fallible operation in this library.
 ///
 /// `Display` is one line (kind, field, message, context, source). `Debug` spreads the
@@ -193,9 +218,21 @@ impl Error {
         self
     }
 
-    /// Sets the underlying cause.
+    /// Sets the underlying cause. A cause that is the host running out of file
+    /// descriptors (`EMFILE`, `ENFILE`, anywhere in its chain) makes the error
+    /// [`ErrorKind::LimitReached`] naming that limit, whatever it was made as: the
+    /// operation did not fail for its own reasons, and may succeed once descriptors are
+    /// free again.
     pub fn with_source(mut self, source: impl Into<Source>) -> Self {
-        self.source = Some(source.into());
+        let source = source.into();
+        if let Some(limit) = host_limit(&*source)
+            && self.kind != ErrorKind::LimitReached
+        {
+            self.kind = ErrorKind::LimitReached;
+            self.temporary = true;
+            self.context.push(("limit", limit.to_string()));
+        }
+        self.source = Some(source);
         self
     }
 
@@ -319,6 +356,41 @@ impl std::error::Error for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cause_that_is_out_of_descriptors_is_a_limit_reached() {
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("connect failed")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let emfile = || std::io::Error::from_raw_os_error(libc::EMFILE);
+        for source in [
+            Box::new(emfile()) as Source,
+            Box::new(Wrapper(emfile())),
+            // An io::Error that wraps another error (hyper and tokio make those).
+            Box::new(std::io::Error::other(Wrapper(emfile()))),
+        ] {
+            let e = Error::new(ErrorKind::Unavailable, "docker: create failed").with_source(source);
+            assert_eq!(e.kind(), ErrorKind::LimitReached, "{e:?}");
+            assert!(e.is_temporary());
+            assert!(e.context_value("limit").unwrap().contains("RLIMIT_NOFILE"));
+        }
+        let e = Error::new(ErrorKind::Backend, "x")
+            .with_source(std::io::Error::from_raw_os_error(libc::ENFILE));
+        assert!(e.context_value("limit").unwrap().contains("host"));
+        let other = Error::new(ErrorKind::Unavailable, "x")
+            .with_source(std::io::Error::from_raw_os_error(libc::ECONNREFUSED));
+        assert_eq!(other.kind(), ErrorKind::Unavailable);
+        assert_eq!(other.context_value("limit"), None);
+    }
 
     #[test]
     fn text_from_the_sandbox_is_shown_escaped_on_one_line() {

@@ -75,19 +75,45 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
 }
 
 /// Removes a run whose create (or claim) failed with `e`, then disarms its guard;
-/// returns `e`.
+/// returns `e`. A removal that fails for a reason that may pass (the host out of file
+/// descriptors, the engine briefly unreachable: what often failed the create too) is
+/// tried again, for at most [`REMOVE_RETRIES`]; a removal that still fails is named in
+/// the error's context (`left`), never silent.
 pub(super) async fn remove_failed<B: Backend>(
     backend: &B,
     id: &str,
     guard: CreateGuard,
     e: Error,
 ) -> Error {
-    if let Err(cleanup) = backend.remove_target(id).await {
-        tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
+    let mut result = backend.remove_target(id).await;
+    for pause in REMOVE_RETRIES {
+        match &result {
+            Err(cleanup) if cleanup.is_temporary() => {
+                tokio::time::sleep(*pause).await;
+                result = backend.remove_target(id).await;
+            }
+            _ => break,
+        }
     }
     guard.disarm();
-    e
+    match result {
+        Ok(()) => e,
+        Err(cleanup) => {
+            tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
+            e.with("left", format!("{id} (its removal failed: {cleanup})"))
+        }
+    }
 }
+
+/// The pauses before each new try of a failed create's removal.
+const REMOVE_RETRIES: &[Duration] = &[
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
 
 /// Creates the target of `plan` and checks that it answers: through the exec helper
 /// (its greeting), else a plain exec. `run`'s helper state is set from what worked.
@@ -123,6 +149,10 @@ pub(super) async fn bring_up<B: Backend>(
                 .await
                 .map_err(|alive| alive.with("exec_helper", &e))?;
             if mode == ExecHelper::Required {
+                if e.kind() == ErrorKind::LimitReached {
+                    // Not the helper's fault: the limit says what to do.
+                    return Err(e.with("run", id));
+                }
                 return Err(Error::new(
                     ErrorKind::StartFailed,
                     format!("the exec helper could not start: {e}"),
@@ -164,6 +194,8 @@ async fn check_alive<B: Backend>(run: &CoreRun<B>) -> Result<()> {
             }
             Err(e)
         }
+        // A limit of the host or engine says what to do, not the sandbox.
+        Err(e) if e.kind() == ErrorKind::LimitReached => Err(e),
         Err(probe_error) => {
             let mut e = failed(format!("the sandbox did not stay up: {probe_error}"));
             for (k, v) in run.backend.diagnose(&run.id).await {
