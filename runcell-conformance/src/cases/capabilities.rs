@@ -13,7 +13,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use bytes::Bytes;
 use runcell_core::{
-    DriverExt, ErrorKind, ExecSpec, ExitStatus, Network, OutputChunk, Run, RunExt, RunSpec,
+    DriverExt, ErrorKind, ExecPath, ExecSpec, ExitStatus, Network, OutputChunk, Run, RunExt,
+    RunSpec,
 };
 
 use crate::{Context, sh_stdout};
@@ -25,8 +26,10 @@ const HANG: Duration = Duration::from_secs(60);
 const MEMORY_BYTES: u64 = 128 << 20;
 /// The cpu limit the cpu case asks for.
 const CPUS: f64 = 0.5;
-/// The pids limit the pids case asks for.
+/// The pids limit the pids cases ask for.
 const PIDS: u32 = 64;
+/// How long the processes that fill a run to its pids limit live.
+const FILLED_FOR: Duration = Duration::from_secs(12);
 /// The disk limit the disk case asks for, and what its exec writes (four times more).
 const DISK_BYTES: u64 = 16 << 20;
 /// How long an engine may take to notice a run over its disk limit (the kubelet's
@@ -279,6 +282,91 @@ pub async fn pids_limit_is_honoured_or_unsupported(cx: &Context) -> anyhow::Resu
         "asked for a pids limit of {PIDS}; the cgroup files say {}",
         show(&lines)
     );
+    run.stop().await?;
+    Ok(())
+}
+
+/// A run at its pids limit: an exec that needs a process the kernel refuses (the exec
+/// helper's, for the command) is refused with `LimitReached` naming the limit, never a
+/// hang or a generic error; an engine's exec that enters the run's cgroup from outside
+/// (the plain path: the kernel lets a process join a full cgroup, it only refuses forks
+/// inside) runs. Once processes end, execs work again.
+pub async fn a_run_at_its_pids_limit_refuses_execs_with_a_typed_error(
+    cx: &Context,
+) -> anyhow::Result<()> {
+    let run = cx.driver.start(&base(cx).pids(PIDS)).await?;
+    // Processes until the kernel refuses twenty times in a row (awk goes on where a
+    // shell that cannot fork gives up), then one more that the filler waits on (a fifo
+    // nobody opens, if even that one was refused). They all end by themselves after
+    // `FILLED_FOR`, for a path whose kill needs a new process too.
+    let filler = run
+        .exec_stream(ExecSpec::new([
+            "sh",
+            "-c",
+            &format!(
+                r#"mkfifo /tmp/hold && exec awk 'BEGIN {{
+                    fails = 0
+                    while (fails < 20) {{
+                        if (system("sleep {secs} >/dev/null 2>&1 &") != 0) fails++; else fails = 0
+                    }}
+                    print "filled"; fflush()
+                    if (("exec sleep {secs}" | getline l) < 0) getline l < "/tmp/hold"
+                }}' 2>/dev/null"#,
+                secs = FILLED_FOR.as_secs()
+            ),
+        ]))
+        .await?;
+    let mut filler = filler;
+    let mut seen = Vec::new();
+    let filled_at = std::time::Instant::now();
+    while !String::from_utf8_lossy(&seen).contains("filled") {
+        match tokio::time::timeout(HANG, filler.next_chunk()).await {
+            Ok(Some(OutputChunk::Stdout(b) | OutputChunk::Stderr(b))) => seen.extend_from_slice(&b),
+            Ok(Some(OutputChunk::Lost(_))) => {}
+            Ok(None) => bail!(
+                "the filler ended before it filled the run: {}",
+                String::from_utf8_lossy(&seen)
+            ),
+            Err(_) => bail!("the filler did not fill the run in {} s", HANG.as_secs()),
+        }
+    }
+    // The last process the filler starts after it printed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..3 {
+        ensure!(
+            filled_at.elapsed() < FILLED_FOR / 2,
+            "the run took too long to fill to test it"
+        );
+        match tokio::time::timeout(HANG, run.exec(ExecSpec::new(["true"]))).await {
+            Err(_) => bail!("an exec in a run at its pids limit hung"),
+            Ok(Ok(out)) if out.status.success() && run.exec_path() == ExecPath::Plain => {}
+            Ok(Ok(out)) => bail!("an exec in a run at its pids limit returned {}", out.status),
+            Ok(Err(e)) => {
+                ensure!(
+                    e.kind() == ErrorKind::LimitReached
+                        && e.context_value("limit").is_some_and(|l| l.contains("pids")),
+                    "an exec in a run at its pids limit: {e:?}"
+                );
+            }
+        }
+    }
+    // The filler still runs; dropping its stream kills it, which frees the run.
+    drop(filler);
+    let mut answered = None;
+    for _ in 0..(2 * FILLED_FOR.as_secs() + 10) {
+        match run.exec(ExecSpec::new(["echo", "again"])).await {
+            Ok(out) => {
+                answered = Some(out);
+                break;
+            }
+            Err(e) if e.kind() == ErrorKind::LimitReached => {
+                tokio::time::sleep(Duration::from_millis(500)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let out = answered.context("the run still refused execs after its filler was killed")?;
+    ensure!(out.stdout_str() == "again\n", "{:?}", out.stdout_str());
     run.stop().await?;
     Ok(())
 }

@@ -149,6 +149,10 @@ pub static CASES: &[Case] = &[
     case!(memory_limit_is_honoured_or_unsupported),
     case!(cpu_limit_is_honoured_or_unsupported),
     case!(pids_limit_is_honoured_or_unsupported),
+    case!(
+        a_run_at_its_pids_limit_refuses_execs_with_a_typed_error,
+        |c| c.pids_limit
+    ),
     case!(disk_limit_is_enforced_or_unsupported),
     case!(a_detached_exec_outlives_its_stream_and_is_read_elsewhere),
     case!(a_stream_resumes_when_its_connection_breaks),

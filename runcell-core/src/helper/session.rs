@@ -1105,10 +1105,13 @@ fn spawn_failed(
         ),
         SpawnError::Resources => {
             return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!("the sandbox refused a new process (pids or memory limit): {message}"),
+                ErrorKind::LimitReached,
+                format!("the sandbox refused a new process: {message}"),
             )
-            .temporary());
+            .with(
+                "limit",
+                "the run's processes, memory or open files (resources.pids, resources.memory_bytes)",
+            ));
         }
         SpawnError::Other | SpawnError::IdInUse => {
             return Err(Error::new(
