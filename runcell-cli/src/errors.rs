@@ -98,6 +98,7 @@ impl Failure {
             ErrorKind::Unsupported if matches!(field, "detach" | "exec_id" | "execs") => "exec records (`exec -d`, `logs`, `wait`, `kill`, `ps`, `rm-exec`) need the run's exec helper; this run takes the plain exec path (its spec sets exec_helper off, its image cannot run the helper, or this sandbox was built without one)".into(),
             ErrorKind::Unsupported => format!("the {driver} driver cannot honour {field}: leave it out, or use another driver (`sandbox drivers`)"),
             ErrorKind::StartFailed => "the image needs `sleep` that accepts `infinity` and a POSIX `sh` (busybox or coreutils)".into(),
+            ErrorKind::LimitReached if error.context_value("limit").is_some_and(|l| l.starts_with("the run's")) => "the run is at its own limits: end some of its processes (`sandbox ps`, `sandbox kill`) or start it with higher ones".into(),
             ErrorKind::LimitReached => "stop runs you no longer need (`sandbox ls`, `sandbox stop`, `sandbox gc`) or raise the limit named above, then try again".into(),
             ErrorKind::Timeout => "the backend is slow: raise its timeout (docker: --config timeout_secs=N; k8s: --config ready_timeout_secs=N)".into(),
             _ => return None,

@@ -13,8 +13,9 @@
 //! The two channels travel apart (containerd, the kubelet and the API server copy each
 //! on its own), so the stderr trailer may arrive while megabytes of the command's stdout
 //! are still on their way. The stdout mark says when they all arrived: until it comes, no
-//! pause ends the output (a stall of [`AFTER_EXIT_CAP`] with nothing arriving fails the
-//! exec as cut, never as a success with part of its output). Output that follows both is
+//! pause ends the output (a stall of [`AFTER_EXIT_CAP`] with no stdout arriving, or four
+//! caps in all, fails the exec as cut, never as a success with part of its output; a
+//! stream that ends first is complete only if the exec's status frame comes). Output that follows both is
 //! a background child's: it is read while it flows, until [`AFTER_EXIT_BOUND`] passes
 //! without any, for at most [`AFTER_EXIT_CAP`]. (A pause bound alone cut 780 KiB off a
 //! 256 MiB archive on a loaded machine.) The stdout mark starts with `0xff`, a byte that
@@ -428,6 +429,9 @@ fn strip_trailer(
 const MARK_HOLD: Duration = Duration::from_millis(20);
 /// See [`MARK_HOLD`].
 const MARK_HOLD_LONG: Duration = Duration::from_secs(2);
+/// How many [`AFTER_EXIT_CAP`]s the stdout mark is awaited after the trailer at most,
+/// however the output flows (a background child that prints while the mark was lost).
+const MARK_WAIT: u32 = 4;
 
 /// What the output told of the command's end, for its status.
 #[derive(Debug, Default)]
@@ -459,14 +463,18 @@ fn strip_trailer_within(
         let mut exited = false;
         // Set once the trailer and the mark are both in: the cap's end.
         let mut until: Option<Instant> = None;
-        // The last chunk received or handed over.
-        let mut last = Instant::now();
+        // The last chunk received or handed over; the last of stdout received, or any
+        // handed over (a command's stdout may trail its trailer: only its own progress
+        // counts while the mark is awaited).
+        let (mut last, mut last_out) = (Instant::now(), Instant::now());
+        // When the trailer came: the mark is awaited for at most `MARK_WAIT` caps.
+        let mut exited_at = Instant::now();
         // Since when the mark scanner holds back a tail.
         let mut held_since: Option<Instant> = None;
         let cut = loop {
             let deadline = match (exited, until) {
                 (false, _) => held_since.map(|t| t + mark.hold()),
-                (true, None) => Some(last + cap),
+                (true, None) => Some((last_out + cap).min(exited_at + cap * MARK_WAIT)),
                 (true, Some(until)) => Some((last + pause).min(until)),
             };
             let next = match deadline {
@@ -479,13 +487,16 @@ fn strip_trailer_within(
                         if tx.send(Ok(OutputChunk::Stdout(held.into()))).await.is_err() {
                             return;
                         }
-                        last = Instant::now();
+                        (last, last_out) = (Instant::now(), Instant::now());
                         continue;
                     }
                     Err(_) => break until.is_none().then_some(CUT),
                 },
             };
             last = Instant::now();
+            if matches!(next, Some(Ok(OutputChunk::Stdout(_)))) {
+                last_out = last;
+            }
             let item = match next {
                 // Ended before the mark: complete only if the exec ended, which its status
                 // frame tells (`Seen::unmarked`).
@@ -500,6 +511,7 @@ fn strip_trailer_within(
                     if let Some(found) = found {
                         seen.lock().unwrap_or_else(|p| p.into_inner()).outcome = Some(found);
                         exited = true;
+                        (exited_at, last_out) = (last, last);
                     }
                     if exited && mark.done && until.is_none() {
                         until = Some(Instant::now() + cap);
@@ -532,7 +544,7 @@ fn strip_trailer_within(
             if tx.send(item).await.is_err() {
                 return;
             }
-            last = Instant::now();
+            (last, last_out) = (Instant::now(), Instant::now());
         };
         for (held, chunk) in [
             (
@@ -940,6 +952,14 @@ mod tests {
             read_stripped(stream(vec![E(0, TRAILER), O(0, b"part")], false), 0).await;
         assert_eq!((out, failed), (b"part".to_vec(), true));
         assert!(took >= Duration::from_secs(3), "{took:?}");
+        // No mark, a background child that keeps printing: ended at the overall bound.
+        let mut sent = vec![E(0, TRAILER)];
+        sent.extend((0..1000).map(|_| E(1000, b".")));
+        let (_, _, failed, took) = read_stripped(stream(sent, false), 0).await;
+        assert!(
+            failed && took <= Duration::from_secs(3 * MARK_WAIT as u64 + 2),
+            "{took:?}"
+        );
         // Ended before the mark: the status frame decides (see K8sStatus).
         let (out, _, failed, _, unmarked) =
             read_stripped_seen(stream(vec![O(0, b"part\xffsbx"), E(0, TRAILER)], true), 0).await;

@@ -305,14 +305,16 @@ pub async fn a_run_at_its_pids_limit_refuses_execs_with_a_typed_error(
             "-c",
             &format!(
                 r#"mkfifo /tmp/hold && exec awk 'BEGIN {{
-                    fails = 0
-                    while (fails < 20) {{
-                        if (system("sleep {secs} >/dev/null 2>&1 &") != 0) fails++; else fails = 0
+                    fails = 0; started = 0
+                    while (fails < 20 && started < {most}) {{
+                        if (system("sleep {secs} >/dev/null 2>&1 &") != 0) fails++; else {{ fails = 0; started++ }}
                     }}
+                    if (fails < 20) {{ print "unlimited"; exit }}
                     print "filled"; fflush()
                     if (("exec sleep {secs}" | getline l) < 0) getline l < "/tmp/hold"
                 }}' 2>/dev/null"#,
-                secs = FILLED_FOR.as_secs()
+                secs = FILLED_FOR.as_secs(),
+                most = PIDS * 4
             ),
         ]))
         .await?;
@@ -324,7 +326,7 @@ pub async fn a_run_at_its_pids_limit_refuses_execs_with_a_typed_error(
             Ok(Some(OutputChunk::Stdout(b) | OutputChunk::Stderr(b))) => seen.extend_from_slice(&b),
             Ok(Some(OutputChunk::Lost(_))) => {}
             Ok(None) => bail!(
-                "the filler ended before it filled the run: {}",
+                "the filler ended before it filled the run (a limit not enforced?): {}",
                 String::from_utf8_lossy(&seen)
             ),
             Err(_) => bail!("the filler did not fill the run in {} s", HANG.as_secs()),
@@ -339,7 +341,16 @@ pub async fn a_run_at_its_pids_limit_refuses_execs_with_a_typed_error(
         );
         match tokio::time::timeout(HANG, run.exec(ExecSpec::new(["true"]))).await {
             Err(_) => bail!("an exec in a run at its pids limit hung"),
-            Ok(Ok(out)) if out.status.success() && run.exec_path() == ExecPath::Plain => {}
+            Ok(Ok(out)) if out.status.success() && run.exec_path() == ExecPath::Plain => {
+                // The engine's exec got in; a fork inside the run still cannot.
+                let fork = run
+                    .exec(ExecSpec::new(["sh", "-c", "true & wait && echo forked"]))
+                    .await?;
+                ensure!(
+                    !fork.stdout_str().contains("forked"),
+                    "a fork inside a run at its pids limit succeeded: the run was not full"
+                );
+            }
             Ok(Ok(out)) => bail!("an exec in a run at its pids limit returned {}", out.status),
             Ok(Err(e)) => {
                 ensure!(

@@ -2,7 +2,9 @@
 //! sandbox unpacked into a host folder, both through held descriptors.
 
 use std::io::Write as _;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt as _;
+use std::rc::Rc;
 
 use super::*;
 
@@ -14,6 +16,11 @@ use super::*;
 /// held directory descriptors, every name opened `O_NOFOLLOW` and the file read the one
 /// examined, so a link swapped in is archived as a link (or skipped), never read through.
 /// A file that shrinks while it is read fails the stream, naming it.
+///
+/// The folder's content may be the sandbox's: the walk holds one descriptor per level of
+/// the directory it is in (a subdirectory is opened when its turn comes, not when it is
+/// listed), so a folder of many subdirectories costs one, and a tree deeper than
+/// [`MAX_DEPTH`] fails the stream instead of taking the host's descriptors.
 pub fn tar_dir_stream(dir: &std::path::Path) -> ByteStream {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
     let dir = dir.to_path_buf();
@@ -97,6 +104,9 @@ impl<R: std::io::Read> std::io::Read for Exact<R> {
     }
 }
 
+/// How deep [`tar_dir_stream`] walks: one descriptor is held per level.
+pub const MAX_DEPTH: usize = 256;
+
 /// Writes the tar archive of `dir`'s content to `out` (see [`tar_dir_stream`]).
 fn write_dir_tar(dir: &std::path::Path, out: ChannelWriter) -> std::io::Result<()> {
     use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, fstat, openat, statat};
@@ -113,8 +123,41 @@ fn write_dir_tar(dir: &std::path::Path, out: ChannelWriter) -> std::io::Result<(
         h.set_size(size);
         h
     };
-    let mut stack = vec![(root, std::path::PathBuf::new())];
-    while let Some((fd, rel)) = stack.pop() {
+    // Subdirectories still to archive: their parent's descriptor, name, path and depth.
+    type Pending = (Rc<OwnedFd>, std::ffi::CString, std::path::PathBuf, usize);
+    let mut stack: Vec<Pending> = Vec::new();
+    let mut next = Some((Rc::new(root), std::path::PathBuf::new(), 0usize));
+    loop {
+        let (fd, rel, depth) = match next.take() {
+            Some(dir) => dir,
+            None => {
+                let Some((parent, name, rel, depth)) = stack.pop() else {
+                    break;
+                };
+                if depth > MAX_DEPTH {
+                    return Err(std::io::Error::other(format!(
+                        "{} is more than {MAX_DEPTH} directories deep: not archived",
+                        rel.display()
+                    )));
+                }
+                let flags = dir_flags | OFlags::NOFOLLOW;
+                let sub = match openat(&*parent, &name, flags, Mode::empty()) {
+                    Ok(sub) => sub,
+                    // Swapped for something else meanwhile: skipped.
+                    Err(
+                        rustix::io::Errno::NOENT
+                        | rustix::io::Errno::NOTDIR
+                        | rustix::io::Errno::LOOP,
+                    ) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                drop(parent);
+                let st = fstat(&sub)?;
+                let mut h = header(&st, tar::EntryType::Directory, 0);
+                builder.append_data(&mut h, &rel, std::io::empty())?;
+                (Rc::new(sub), rel, depth)
+            }
+        };
         let mut names: Vec<std::ffi::CString> = Vec::new();
         for entry in Dir::read_from(&fd)? {
             let name = entry?.file_name().to_owned();
@@ -132,23 +175,7 @@ fn write_dir_tar(dir: &std::path::Path, out: ChannelWriter) -> std::io::Result<(
                 Err(e) => return Err(e.into()),
             };
             match FileType::from_raw_mode(st.st_mode) {
-                FileType::Directory => {
-                    let flags = dir_flags | OFlags::NOFOLLOW;
-                    let sub = match openat(&fd, &name, flags, Mode::empty()) {
-                        Ok(sub) => sub,
-                        // Swapped for something else meanwhile: skipped.
-                        Err(
-                            rustix::io::Errno::NOENT
-                            | rustix::io::Errno::NOTDIR
-                            | rustix::io::Errno::LOOP,
-                        ) => continue,
-                        Err(e) => return Err(e.into()),
-                    };
-                    let st = fstat(&sub)?;
-                    let mut h = header(&st, tar::EntryType::Directory, 0);
-                    builder.append_data(&mut h, &path, std::io::empty())?;
-                    stack.push((sub, path));
-                }
+                FileType::Directory => stack.push((fd.clone(), name, path, depth + 1)),
                 FileType::RegularFile => {
                     let flags = OFlags::RDONLY
                         | OFlags::NOFOLLOW
@@ -551,9 +578,9 @@ mod tests {
             seen,
             vec![
                 ("sub".to_string(), tar::EntryType::Directory, 0o755, 0),
-                ("sub/d".to_string(), tar::EntryType::Directory, 0o755, 0),
                 ("sub/f".to_string(), tar::EntryType::Regular, 0o751, 200_000),
                 ("sub/l".to_string(), tar::EntryType::Symlink, 0o777, 0),
+                ("sub/d".to_string(), tar::EntryType::Directory, 0o755, 0),
             ]
         );
         // Now `sub/d` and `sub/l` trade places while the folder is read, many times.
@@ -584,6 +611,43 @@ mod tests {
     /// folder, never of anything else: not through a host symlink, not to a path outside,
     /// not to the symlink itself, not to a missing file, not to a file the folder had; a
     /// link to the name it is at leaves no temporary name.
+    /// A folder the sandbox may fill: many subdirectories cost the walk one descriptor,
+    /// and a tree too deep for the host's descriptors fails the stream.
+    #[tokio::test]
+    async fn a_wide_or_deep_folder_holds_few_host_descriptors() {
+        let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let base = std::env::temp_dir().join(format!("runcell-wide-{:x}", rand::random::<u64>()));
+        let wide = base.join("wide");
+        for i in 0..3000 {
+            std::fs::create_dir_all(wide.join(format!("d{i}/e"))).unwrap();
+        }
+        std::fs::write(wide.join("d2999/e/f"), b"x").unwrap();
+        let before = fds();
+        let mut stream = tar_dir_stream(&wide);
+        let (mut tar, mut peak) = (Vec::new(), 0);
+        while let Some(chunk) = stream.next().await {
+            tar.extend_from_slice(&chunk.unwrap());
+            peak = peak.max(fds());
+        }
+        // Other tests of this process open descriptors too: a margin, far below 3000.
+        assert!(
+            peak < before + 300,
+            "{before} descriptors, {peak} while walking"
+        );
+        let entries = tar::Archive::new(&tar[..]).entries().unwrap().count();
+        assert_eq!(entries, 6001);
+        let mut deep = base.join("deep");
+        for _ in 0..MAX_DEPTH + 2 {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let e = collect_bytes(tar_dir_stream(&base.join("deep")), u64::MAX)
+            .await
+            .unwrap_err();
+        std::fs::remove_dir_all(&base).unwrap();
+        assert!(e.to_string().contains("directories deep"), "{e}");
+    }
+
     #[tokio::test]
     async fn unpacked_hard_links_only_link_files_of_the_archive() {
         use std::os::unix::fs::MetadataExt;

@@ -75,8 +75,8 @@ async fn create_run<B: Backend>(backend: &B, plan: Plan<'_>) -> Result<Box<dyn R
 }
 
 /// Removes a run whose create (or claim) failed with `e`, then disarms its guard;
-/// returns `e`. A removal that fails for a reason that may pass (the host out of file
-/// descriptors, the engine briefly unreachable: what often failed the create too) is
+/// returns `e`. A removal that fails because a limit was reached (the host out of file
+/// descriptors: what often failed the create too, and what passes as other work ends) is
 /// tried again, for at most [`REMOVE_RETRIES`]; a removal that still fails is named in
 /// the error's context (`left`), never silent.
 pub(super) async fn remove_failed<B: Backend>(
@@ -88,7 +88,7 @@ pub(super) async fn remove_failed<B: Backend>(
     let mut result = backend.remove_target(id).await;
     for pause in REMOVE_RETRIES {
         match &result {
-            Err(cleanup) if cleanup.is_temporary() => {
+            Err(cleanup) if cleanup.kind() == ErrorKind::LimitReached => {
                 tokio::time::sleep(*pause).await;
                 result = backend.remove_target(id).await;
             }
@@ -100,7 +100,10 @@ pub(super) async fn remove_failed<B: Backend>(
         Ok(()) => e,
         Err(cleanup) => {
             tracing::error!(run = %id, "could not remove the failed run: {cleanup}");
-            e.with("left", format!("{id} (its removal failed: {cleanup})"))
+            e.with(
+                "left",
+                format!("{id} may be left: its removal failed: {cleanup}"),
+            )
         }
     }
 }
