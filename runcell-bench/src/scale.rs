@@ -10,7 +10,8 @@
 //! reaps' times, and what is left (must be nothing).
 //!
 //! `cargo xtask bench scale [N,N,...]`, or
-//! `cargo run --release -p runcell-bench --bin scale -- <docker> [N,N,...] [busy secs]`.
+//! `cargo run --release -p runcell-bench --bin scale -- <docker|k8s> [N,N,...] [busy secs] [pooled M]`
+//! (Kubernetes: the cluster of `KUBECONFIG`, as `cargo xtask k8s up` leaves it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use runcell_core::{Driver, DriverConfig, ExecHelper, ExecSpec, Network, Run, RunExt, RunSpec};
 use runcell_docker as _;
+use runcell_k8s as _;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -124,7 +126,13 @@ async fn container_id(docker: &bollard::Docker, run: &str) -> Option<String> {
     docker.inspect_container(run, None).await.ok()?.id
 }
 
-async fn scale(driver: &Arc<dyn Driver>, spec: &RunSpec, n: usize, busy: Duration) -> Res<()> {
+async fn scale(
+    driver: &Arc<dyn Driver>,
+    spec: &RunSpec,
+    n: usize,
+    busy: Duration,
+    pooled: Option<usize>,
+) -> Res<()> {
     println!("== N = {n}");
     let before = held();
     let shims_before = processes_rss_kb("containerd-shim");
@@ -227,33 +235,39 @@ async fn scale(driver: &Arc<dyn Driver>, spec: &RunSpec, n: usize, busy: Duratio
 
     // Pooled, beside the N live runs: M claims from a pool warmed to M.
     if driver.capabilities().pool {
-        let m = n.min(50);
+        let m = pooled.unwrap_or(n.min(50));
         let config = runcell_core::PoolConfig::default().min_ready(m);
         let pool = runcell_core::Pool::new(driver.clone(), spec, config)?;
         pool.wait_ready(m, Duration::from_secs(600)).await?;
         let t = Instant::now();
-        let claimed: Vec<Res<Box<dyn Run>>> = futures::stream::iter(0..m)
+        let claimed: Vec<Res<(Box<dyn Run>, Duration)>> = futures::stream::iter(0..m)
             .map(|_| async {
+                let t = Instant::now();
                 let run = pool.create(spec, Default::default()).await?;
                 run.exec(ExecSpec::new(["true"])).await?;
-                Ok(run)
+                Ok((run, t.elapsed()))
             })
             .buffer_unordered(m)
             .collect()
             .await;
         let took = t.elapsed();
         let stats = pool.stats();
-        let mut ok = 0;
-        for run in claimed.into_iter().flatten() {
-            ok += 1;
+        let mut each = Vec::new();
+        for (run, claim) in claimed.into_iter().flatten() {
+            each.push(claim);
             run.stop().await?;
         }
         pool.shutdown().await?;
+        each.sort();
+        // All M at once: a claim's time includes its wait behind the others.
         println!(
-            "pooled start: {ok} of {m} claimed (+ first exec) in {:.0} ms = {:.1} runs/s ({} hits)",
+            "pooled start: {} of {m} claimed (+ first exec) in {:.0} ms = {:.1} runs/s ({} hits); each claim p50 {:.0} ms, p99 {:.0} ms",
+            each.len(),
             ms(took),
-            ok as f64 / took.as_secs_f64(),
-            stats.hits
+            each.len() as f64 / took.as_secs_f64(),
+            stats.hits,
+            ms(percentile(&each, 0.5)),
+            ms(percentile(&each, 0.99))
         );
     }
 
@@ -391,6 +405,9 @@ async fn main() -> Res<()> {
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let busy = Duration::from_secs(args.next().map(|s| s.parse()).transpose()?.unwrap_or(60));
+    // Runs claimed from a pool beside the N (default: N, at most 50; a node's pod limit
+    // may leave room for fewer).
+    let pooled: Option<usize> = args.next().map(|s| s.parse()).transpose()?;
     let driver: Arc<dyn Driver> =
         runcell_core::connect(&name, DriverConfig::from_env(&name)).await?;
     let mut spec = RunSpec::new("sandbox-test/busybox:latest")
@@ -409,7 +426,7 @@ async fn main() -> Res<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     for n in ladder {
-        scale(&driver, &spec, n, busy).await?;
+        scale(&driver, &spec, n, busy, pooled).await?;
         kill_and_reap(&driver, &name, n).await?;
     }
     Ok(())
