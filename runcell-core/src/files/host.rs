@@ -20,7 +20,7 @@ use super::*;
 /// The folder's content may be the sandbox's: the walk holds one descriptor per level of
 /// the directory it is in (a subdirectory is opened when its turn comes, not when it is
 /// listed), so a folder of many subdirectories costs one, and a tree deeper than
-/// [`MAX_DEPTH`] fails the stream instead of taking the host's descriptors.
+/// 256 levels fails the stream instead of taking the host's descriptors.
 pub fn tar_dir_stream(dir: &std::path::Path) -> ByteStream {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
     let dir = dir.to_path_buf();
