@@ -159,10 +159,12 @@ pub enum ExitStatus {
     /// was killed where still reachable. Never a success.
     TransportLost(String),
     /// The command never started because a field of the exec names something the run does
-    /// not have: `working_dir` (no such directory) or `user` (no such user). A missing or
-    /// non-executable program is not this: it is `Exited(127)` / `Exited(126)` with the
-    /// reason on stderr, as a shell reports it. [`crate::RunExt::exec`] turns this into an
-    /// [`ErrorKind::NotFound`] error naming the field.
+    /// not have: `working_dir` (no such directory) or `user` (no such user); or, with the
+    /// field `resources`, because the run is at its limits (processes, memory, open files:
+    /// the engine could not start one more). A missing or non-executable program is not
+    /// this: it is `Exited(127)` / `Exited(126)` with the reason on stderr, as a shell
+    /// reports it. [`crate::RunExt::exec`] turns this into an [`ErrorKind::NotFound`] error
+    /// naming the field, or [`ErrorKind::LimitReached`] for `resources`.
     NotStarted {
         /// The exec field at fault: `working_dir` or `user`.
         field: String,
@@ -177,6 +179,16 @@ impl ExitStatus {
     /// [`ExitStatus::RunLost`].
     pub fn not_started_error(&self) -> Option<Error> {
         match self {
+            ExitStatus::NotStarted { field, reason } if field == "resources" => Some(
+                Error::new(
+                    ErrorKind::LimitReached,
+                    format!("the command did not start: {reason}"),
+                )
+                .with(
+                    "limit",
+                    "the run's processes, memory or open files (resources.pids, resources.memory_bytes)",
+                ),
+            ),
             ExitStatus::NotStarted { field, reason } => Some(
                 Error::new(
                     ErrorKind::NotFound,

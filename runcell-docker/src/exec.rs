@@ -120,6 +120,9 @@ pub(crate) enum StartFailure {
     User(String),
     /// The program does not exist.
     ProgramNotFound(String),
+    /// The run is at a limit (its pids, memory or open files): the kernel refused the
+    /// runtime a process, a thread or a descriptor.
+    Resources(String),
     /// Anything else the runtime refused (permission denied, exec format error, ...).
     Other(String),
 }
@@ -158,6 +161,16 @@ impl StartFailure {
             || reason.contains("no such file or directory")
         {
             StartFailure::ProgramNotFound(reason)
+        } else if [
+            "resource temporarily unavailable",
+            "cannot allocate memory",
+            "too many open files",
+            "failed to create new os thread",
+        ]
+        .iter()
+        .any(|m| reason.to_ascii_lowercase().contains(m))
+        {
+            StartFailure::Resources(reason)
         } else {
             StartFailure::Other(reason)
         })
@@ -172,6 +185,10 @@ impl StartFailure {
             },
             StartFailure::User(r) => ExitStatus::NotStarted {
                 field: "user".into(),
+                reason: r.clone(),
+            },
+            StartFailure::Resources(r) => ExitStatus::NotStarted {
+                field: "resources".into(),
                 reason: r.clone(),
             },
             StartFailure::ProgramNotFound(_) => ExitStatus::Exited(127),
@@ -322,6 +339,19 @@ mod tests {
             ),
             Some(StartFailure::ProgramNotFound(_))
         ));
+        // A run at its pids limit: the runtime could not start a thread or a process.
+        for message in [
+            "OCI runtime exec failed: exec failed: unable to start container process: runtime: failed to create new OS thread (have 7 already; errno=11): unknown",
+            "OCI runtime exec failed: fork/exec /proc/self/exe: resource temporarily unavailable: unknown",
+        ] {
+            let full = parse(message).unwrap();
+            assert!(
+                matches!(full.status(), ExitStatus::NotStarted { ref field, .. } if field == "resources"),
+                "{message}"
+            );
+            let e = full.status().not_started_error().unwrap();
+            assert_eq!(e.kind(), ErrorKind::LimitReached);
+        }
         let denied = parse("OCI runtime exec failed: exec failed: unable to start container process: exec: \"/etc/passwd\": permission denied: unknown").unwrap();
         assert_eq!(denied.status(), ExitStatus::Exited(126));
         assert_eq!(
