@@ -11,6 +11,8 @@ use runcell_docker::{DockerConfig, DockerDriver};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
+mod common;
+
 const DAEMON: &str = "/var/run/docker.sock";
 
 /// Relays connections to the daemon until the returned set is dropped or aborted.
@@ -31,20 +33,10 @@ fn relay(listener: UnixListener) -> JoinSet<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_outage_mid_run_is_reported_fast() {
-    let direct =
-        match DockerDriver::connect(DockerConfig::default().host(format!("unix://{DAEMON}"))).await
-        {
-            Ok(d) => d,
-            Err(e)
-                if !runcell_core::envvar::var("RUNCELL_REQUIRE")
-                    .unwrap_or_default()
-                    .contains("docker") =>
-            {
-                eprintln!("no Docker engine, test skipped: {e}");
-                return;
-            }
-            Err(e) => panic!("RUNCELL_REQUIRE names docker but it is unreachable: {e}"),
-        };
+    let config = DockerConfig::default().host(format!("unix://{DAEMON}"));
+    let Some(direct) = common::docker_or_skip("engine_outage", config).await else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("relay.sock");
     let mut relay_tasks = relay(UnixListener::bind(&socket).unwrap());

@@ -11,8 +11,10 @@ use runcell_core::{
     Driver, DriverExt, ErrorKind, ExecHelper, ExecSpec, Network, PullPolicy, RunExt, RunGuard,
     RunSpec,
 };
-use runcell_docker::{DockerConfig, DockerDriver};
+use runcell_docker::DockerConfig;
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+
+mod common;
 
 const CASE: &str = "host-fd-limit";
 
@@ -22,17 +24,8 @@ fn open_fds() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_out_of_host_file_descriptors_is_a_typed_error() {
-    let driver = match DockerDriver::connect(DockerConfig::default()).await {
-        Ok(d) => d,
-        Err(e)
-            if !runcell_core::envvar::var("RUNCELL_REQUIRE")
-                .unwrap_or_default()
-                .contains("docker") =>
-        {
-            eprintln!("no Docker engine, test skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("RUNCELL_REQUIRE names docker but it is unreachable: {e}"),
+    let Some(driver) = common::docker_or_skip("host_limits", DockerConfig::default()).await else {
+        return;
     };
     let spec = RunSpec::new("sandbox-test/busybox:latest")
         .pull(PullPolicy::Never)

@@ -30,6 +30,21 @@ pub fn can_run(test: &str, missing: Option<String>) -> bool {
     false
 }
 
+/// The Docker engine of `config`; `None` when there is none (a skip that says why, except
+/// under [`strict`], where it fails).
+pub async fn docker_or_skip(
+    test: &str,
+    config: runcell_docker::DockerConfig,
+) -> Option<DockerDriver> {
+    match DockerDriver::connect(config).await {
+        Ok(driver) => Some(driver),
+        Err(e) => {
+            can_run(test, Some(format!("no Docker engine: {e}")));
+            None
+        }
+    }
+}
+
 /// A whole run through `driver` (on the exec helper path): exec, a file there and back,
 /// stop; then, connected again through the registry with `keys`, nothing of the run is
 /// left. `how` names the transport in the output and the case label.
