@@ -173,6 +173,10 @@ pub enum ExitStatus {
     },
 }
 
+/// The `limit` of a [`ErrorKind::LimitReached`] error that the run's own limits caused.
+pub(crate) const RUN_LIMITS: &str =
+    "the run's processes, memory or open files (resources.pids, resources.memory_bytes)";
+
 impl ExitStatus {
     /// The error a buffered exec returns instead of this status: [`ErrorKind::NotFound`]
     /// naming the field for [`ExitStatus::NotStarted`], [`ErrorKind::RunLost`] for
@@ -184,10 +188,7 @@ impl ExitStatus {
                     ErrorKind::LimitReached,
                     format!("the command did not start: {reason}"),
                 )
-                .with(
-                    "limit",
-                    "the run's processes, memory or open files (resources.pids, resources.memory_bytes)",
-                ),
+                .with("limit", RUN_LIMITS),
             ),
             ExitStatus::NotStarted { field, reason } => Some(
                 Error::new(

@@ -790,15 +790,20 @@ mod tests {
         (out, err, failed, took)
     }
 
+    /// `output` through the stripper of nonce `n1` (pause 300 ms, cap 3 s).
+    fn stripped(output: Output, seen: Arc<std::sync::Mutex<Seen>>) -> Output {
+        let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
+        let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
+        strip_trailer_within(output, trailer, mark, seen, pause, cap)
+    }
+
     /// [`read_stripped`], and whether the output ended after the trailer, unmarked.
     async fn read_stripped_seen(
         output: Output,
         reader_ms: u64,
     ) -> (Vec<u8>, Vec<u8>, bool, Duration, bool) {
         let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
-        let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
-        let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
-        let mut out = strip_trailer_within(output, trailer, mark, seen.clone(), pause, cap);
+        let mut out = stripped(output, seen.clone());
         let (mut stdout, mut stderr, mut failed) = (Vec::new(), Vec::new(), false);
         let started = tokio::time::Instant::now();
         while let Some(chunk) = out.next().await {
@@ -893,11 +898,7 @@ mod tests {
     async fn a_tail_like_the_marks_start_is_not_held_while_the_command_waits() {
         use Sent::{Err as E, Out as O};
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let output = tokio_stream_from(rx);
-        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
-        let (pause, cap) = (Duration::from_millis(300), Duration::from_secs(3));
-        let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
-        let mut out = strip_trailer_within(output, trailer, mark, seen, pause, cap);
+        let mut out = stripped(tokio_stream_from(rx), Arc::default());
         let stdout = |b: &'static [u8]| Ok(OutputChunk::Stdout(bytes::Bytes::from_static(b)));
         tx.send(stdout(b"prompt\xffsbx-o")).await.unwrap();
         let mut got = Vec::new();
@@ -913,9 +914,7 @@ mod tests {
         // A lone 0xff goes on after the short hold, stderr chatter or not.
         let mut sent = vec![O(0, b"prompt\xff")];
         sent.extend((0..100).map(|_| E(10, b".")));
-        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
-        let (trailer, mark) = (Trailer::new("n1"), Trailer::mark("n1"));
-        let mut out = strip_trailer_within(stream(sent, false), trailer, mark, seen, pause, cap);
+        let mut out = stripped(stream(sent, false), Arc::default());
         let started = tokio::time::Instant::now();
         let mut got = Vec::new();
         while got != b"prompt\xff" {

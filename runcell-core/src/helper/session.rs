@@ -1108,10 +1108,7 @@ fn spawn_failed(
                 ErrorKind::LimitReached,
                 format!("the sandbox refused a new process: {message}"),
             )
-            .with(
-                "limit",
-                "the run's processes, memory or open files (resources.pids, resources.memory_bytes)",
-            ));
+            .with("limit", crate::exec::RUN_LIMITS));
         }
         SpawnError::Other | SpawnError::IdInUse => {
             return Err(Error::new(
