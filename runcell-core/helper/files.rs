@@ -27,15 +27,14 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, CString};
 use std::fs::{self, File, Metadata, OpenOptions, Permissions};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, ErrorKind, Read};
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::flow::Flow;
@@ -707,130 +706,332 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
             };
             GetEnd::Failed(kind, Vec::new(), msg)
         })?;
-    let mut buf = vec![0u8; HEADER + CHUNK];
-    // (directory, name in it, path relative to the archive's root)
-    let mut stack = vec![(Arc::new(parent), base.to_vec(), base.to_vec())];
-    let mut first = true;
-    // Multiply-linked files sent, by (device, inode): their path and what they were.
-    let mut links: Links<(u64, u64), (Vec<u8>, Stamp)> = Links::new(MAX_GET_LINKS);
-    let mut marked = 0usize;
-    while let Some((dir, name, rel)) = stack.pop() {
-        let io_err = |e: &io::Error| {
-            let kind = match e.raw_os_error() {
-                Some(ENOTDIR) => FileError::NotFound,
-                _ => file_error_kind(e),
-            };
-            GetEnd::Failed(kind, rel.clone(), e.to_string())
-        };
-        let top = std::mem::replace(&mut first, false);
-        let found = cstr(&name).and_then(|n| open_in(&dir, &n, O_PATH));
-        let (f, md) = match found.and_then(|f| f.metadata().map(|m| (f, m))) {
-            Ok(x) => x,
-            // Vanished while we walked: skip it (the path asked for must exist).
-            Err(e) if !top && e.kind() == ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_err(&e)),
-        };
-        drop(dir);
-        let ft = md.file_type();
-        if ft.is_dir() {
-            // Listed through its own descriptor. A listing that fails partway is an
-            // error, never a shorter directory.
-            let listed = fs::read_dir(format!("/proc/self/fd/{}", f.as_raw_fd())).and_then(|d| {
-                d.map(|e| e.map(|e| e.file_name()))
-                    .collect::<io::Result<Vec<_>>>()
-            });
-            let mut names = listed.map_err(|e| io_err(&e))?;
-            send_entry(
-                link,
-                flow,
-                id,
-                &entry_of(&rel, DIRECTORY, &md, 0, Vec::new()),
-            )?;
-            names.sort();
-            let f = Arc::new(f);
-            for n in names.into_iter().rev() {
-                let n = OsStr::as_bytes(&n).to_vec();
-                let mut r = rel.clone();
-                r.push(b'/');
-                r.extend_from_slice(&n);
-                stack.push((f.clone(), n, r));
-            }
-        } else if ft.is_symlink() {
-            let target = sys::readlink_fd(f.as_fd()).map_err(|e| io_err(&e))?;
-            send_entry(link, flow, id, &entry_of(&rel, SYMLINK, &md, 0, target))?;
-        } else if ft.is_file() {
-            let mut f = reopen(&f, sys::O_NONBLOCK_OPEN).map_err(|e| io_err(&e))?;
-            let md = f.metadata().map_err(|e| io_err(&e))?;
-            if !md.is_file() {
-                if top {
-                    return Err(not_a_file(&rel));
-                }
-                continue;
-            }
-            // Another name of a file this GET sent (what was sent: the inode of the
-            // descriptor read, not of a name looked up again), still that file: an inode
-            // whose every name went while the GET ran can be another file's now.
-            let key = (md.dev(), md.ino());
-            let stamp = Stamp::of(&md);
-            if md.nlink() > 1
-                && let Some((first, was)) = links.map.get(&key)
-                && *was == stamp
-            {
-                let e = entry_of(&rel, HARDLINK, &md, 0, first.clone());
-                send_entry(link, flow, id, &e)?;
-                continue;
-            }
-            let size = md.len();
-            let mut e = entry_of(&rel, REGULAR, &md, size, Vec::new());
-            // At most MAX_GET_LINKS marks in all (the host's bound), whatever replaced.
-            if md.nlink() > 1
-                && marked < MAX_GET_LINKS
-                && links.remember(key, (rel.clone(), stamp), rel.len())
-            {
-                e.mode |= LINK_TARGET;
-                marked += 1;
-            } else {
-                links.map.remove(&key);
-            }
-            send_entry(link, flow, id, &e)?;
-            let mut left = size;
-            let mut eof = false;
-            while left > 0 {
-                let credit = flow.wait_credit(1).ok_or(GetEnd::Discarded)?;
-                let want = (CHUNK as u64).min(left).min(credit) as usize;
-                let mut got = 0;
-                while !eof && got < want {
-                    match f.read(&mut buf[HEADER + got..HEADER + want]) {
-                        Ok(0) => eof = true,
-                        Ok(m) => got += m,
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(e) => return Err(io_err(&e)),
-                    }
-                }
-                if eof {
-                    // The file shrank while it was read: its `ENTRY` announced more
-                    // than there is. An error naming it, never zeros in its place.
-                    let read = size - left + got as u64;
-                    return Err(GetEnd::Failed(
-                        FileError::Other,
-                        rel.clone(),
-                        format!("the file shrank while it was read ({read} of its {size} bytes)"),
-                    ));
-                }
-                let frame = data_frame(&mut buf, STDOUT, id, want);
-                if !flow.send(link, frame, want as u64) {
-                    return Err(GetEnd::Discarded);
-                }
-                left -= want as u64;
-            }
-        } else if top {
-            // The path asked for is a fifo, socket or device: nothing to copy.
-            return Err(not_a_file(&rel));
-        } else if ft.is_fifo() {
-            send_entry(link, flow, id, &entry_of(&rel, FIFO, &md, 0, Vec::new()))?;
+    // The path asked for must exist (below it, what vanished is skipped).
+    let (f, md) = cstr(base)
+        .and_then(|n| open_in(&parent, &n, O_PATH))
+        .and_then(|f| f.metadata().map(|m| (f, m)))
+        .map_err(|e| walk_error(base, &e))?;
+    drop(parent);
+    let mut all = GetAll(Sender::new(link, flow, id));
+    walk(&mut all, f, md, base.to_vec())
+}
+
+/// A `GET`'s walk: everything it meets.
+struct GetAll<'a>(Sender<'a>);
+
+impl Visit for GetAll<'_> {
+    fn listed(&mut self, m: &Met<'_>, _: &mut Vec<Name>) -> Result<(), GetEnd> {
+        self.0.entry(&entry_of(m.rel, DIRECTORY, m.md, 0, Vec::new()))
+    }
+
+    fn leaf(&mut self, m: &Met<'_>) -> Result<(), GetEnd> {
+        self.0.leaf(m)
+    }
+}
+
+/// What sends a walk's entries (and their files' data) to the host under a flow's
+/// credit, as a `GET` does: multiply-linked files it sent are remembered for
+/// [`HARDLINK`]s.
+pub(crate) struct Sender<'a> {
+    link: &'a Link,
+    flow: &'a Flow,
+    id: u32,
+    buf: Vec<u8>,
+    /// Multiply-linked files sent, by (device, inode): their path and what they were.
+    links: Links<(u64, u64), (Vec<u8>, Stamp)>,
+    /// Files marked [`LINK_TARGET`] so far.
+    marked: usize,
+}
+
+impl<'a> Sender<'a> {
+    /// Sends for the operation `id` through `link`, under `flow`.
+    pub(crate) fn new(link: &'a Link, flow: &'a Flow, id: u32) -> Sender<'a> {
+        Sender {
+            link,
+            flow,
+            id,
+            buf: vec![0u8; HEADER + CHUNK],
+            links: Links::new(MAX_GET_LINKS),
+            marked: 0,
         }
-        // Below a directory, other types (socket, device) have no entry type: skipped, as
-        // a file removed before it was read.
+    }
+
+    /// One `ENTRY` that has no data.
+    pub(crate) fn entry(&mut self, e: &Entry) -> Result<(), GetEnd> {
+        send_entry(self.link, self.flow, self.id, e)
+    }
+
+    /// An entry that is no directory: a symbolic link, a regular file (with its data, or
+    /// as a hard link to a file sent before), a fifo; a socket or device below the start
+    /// is skipped (it has no entry type), and is an error as the start itself.
+    pub(crate) fn leaf(&mut self, m: &Met<'_>) -> Result<(), GetEnd> {
+        let (rel, md, top) = (m.rel, m.md, m.top);
+        let io_err = |e: &io::Error| walk_error(rel, e);
+        let ft = md.file_type();
+        if ft.is_symlink() {
+            let target = sys::readlink_fd(m.f.as_fd()).map_err(|e| io_err(&e))?;
+            return self.entry(&entry_of(rel, SYMLINK, md, 0, target));
+        }
+        if ft.is_fifo() && !top {
+            return self.entry(&entry_of(rel, FIFO, md, 0, Vec::new()));
+        }
+        if !ft.is_file() {
+            // The path asked for is a fifo, socket or device: nothing to copy. Below a
+            // directory, sockets and devices have no entry type: skipped, as a file
+            // removed before it was read.
+            return if top { Err(not_a_file(rel)) } else { Ok(()) };
+        }
+        let mut f = reopen(m.f, sys::O_NONBLOCK_OPEN).map_err(|e| io_err(&e))?;
+        let md = f.metadata().map_err(|e| io_err(&e))?;
+        if !md.is_file() {
+            return if top { Err(not_a_file(rel)) } else { Ok(()) };
+        }
+        // Another name of a file this walk sent (what was sent: the inode of the
+        // descriptor read, not of a name looked up again), still that file: an inode
+        // whose every name went while the walk ran can be another file's now.
+        let key = (md.dev(), md.ino());
+        let stamp = Stamp::of(&md);
+        if md.nlink() > 1
+            && let Some((first, was)) = self.links.map.get(&key)
+            && *was == stamp
+        {
+            let e = entry_of(rel, HARDLINK, &md, 0, first.clone());
+            return self.entry(&e);
+        }
+        let size = md.len();
+        let mut e = entry_of(rel, REGULAR, &md, size, Vec::new());
+        // At most MAX_GET_LINKS marks in all (the host's bound), whatever replaced.
+        if md.nlink() > 1
+            && self.marked < MAX_GET_LINKS
+            && self.links.remember(key, (rel.to_vec(), stamp), rel.len())
+        {
+            e.mode |= LINK_TARGET;
+            self.marked += 1;
+        } else {
+            self.links.map.remove(&key);
+        }
+        self.entry(&e)?;
+        let mut left = size;
+        let mut eof = false;
+        let buf = &mut self.buf;
+        while left > 0 {
+            let credit = self.flow.wait_credit(1).ok_or(GetEnd::Discarded)?;
+            let want = (CHUNK as u64).min(left).min(credit) as usize;
+            let mut got = 0;
+            while !eof && got < want {
+                match f.read(&mut buf[HEADER + got..HEADER + want]) {
+                    Ok(0) => eof = true,
+                    Ok(m) => got += m,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(io_err(&e)),
+                }
+            }
+            if eof {
+                // The file shrank while it was read: its `ENTRY` announced more than
+                // there is. An error naming it, never zeros in its place.
+                let read = size - left + got as u64;
+                return Err(GetEnd::Failed(
+                    FileError::Other,
+                    rel.to_vec(),
+                    format!("the file shrank while it was read ({read} of its {size} bytes)"),
+                ));
+            }
+            let frame = data_frame(buf, STDOUT, self.id, want);
+            if !self.flow.send(self.link, frame, want as u64) {
+                return Err(GetEnd::Discarded);
+            }
+            left -= want as u64;
+        }
+        Ok(())
+    }
+}
+
+// ---- The walk (GET, BASE, LAYER) -------------------------------------------------------
+
+/// The longest path below its start a walk goes to, in bytes.
+const MAX_WALK_PATH: usize = 1 << 20;
+/// What a walk holds at most of the names of the directories it is inside of (each name
+/// counts its length and [`NAME_COST`]).
+const MAX_WALK_NAMES: usize = 128 << 20;
+/// What a name held by a walk costs besides its bytes.
+const NAME_COST: usize = 32;
+
+/// One entry a walk met: its path relative to the walk's start (`/`-separated; empty
+/// for the start of a walk of a whole tree), an `O_PATH` descriptor of it (never a link
+/// followed) and that descriptor's metadata.
+pub(crate) struct Met<'a> {
+    pub(crate) rel: &'a [u8],
+    pub(crate) f: &'a File,
+    pub(crate) md: &'a Metadata,
+    /// The walk's start.
+    pub(crate) top: bool,
+}
+
+/// A name in a directory being walked.
+pub(crate) struct Name {
+    pub(crate) name: Vec<u8>,
+    /// False when the listing said it is no directory (a walk that needs no
+    /// [`Visit::leaf`] then never opens it).
+    pub(crate) maybe_dir: bool,
+}
+
+/// What a walk does with what it meets.
+pub(crate) trait Visit {
+    /// Whether [`Visit::leaf`] is wanted; false: a name the listing says is no directory
+    /// is not even opened.
+    fn leaves(&self) -> bool {
+        true
+    }
+
+    /// A directory below the start, met: whether to list it and walk into it.
+    fn enter(&mut self, _: &Met<'_>) -> Result<bool, GetEnd> {
+        Ok(true)
+    }
+
+    /// A directory listed (`names` sorted): what is left in `names` is walked, in order.
+    fn listed(&mut self, m: &Met<'_>, names: &mut Vec<Name>) -> Result<(), GetEnd>;
+
+    /// Anything but a directory.
+    fn leaf(&mut self, m: &Met<'_>) -> Result<(), GetEnd>;
+}
+
+/// A walk's failure at `rel`.
+fn walk_error(rel: &[u8], e: &io::Error) -> GetEnd {
+    let kind = match e.raw_os_error() {
+        Some(ENOTDIR) => FileError::NotFound,
+        _ => file_error_kind(e),
+    };
+    GetEnd::Failed(kind, rel.to_vec(), e.to_string())
+}
+
+/// What a walk holds for a name.
+fn name_cost(n: &Name) -> usize {
+    n.name.len() + NAME_COST
+}
+
+/// Lists the directory `f` describes through that descriptor (never its name again),
+/// sorted; a listing that fails partway is an error, never a shorter directory; more
+/// than `budget` (see [`name_cost`]) is an error.
+fn list(f: &File, rel: &[u8], budget: usize) -> Result<Vec<Name>, GetEnd> {
+    let fail = |e: io::Error| walk_error(rel, &e);
+    let mut names = Vec::new();
+    let mut cost = 0usize;
+    for e in fs::read_dir(format!("/proc/self/fd/{}", f.as_raw_fd())).map_err(fail)? {
+        let e = e.map_err(fail)?;
+        let n = Name {
+            maybe_dir: !e.file_type().is_ok_and(|t| !t.is_dir()),
+            name: e.file_name().into_encoded_bytes(),
+        };
+        cost = cost.saturating_add(name_cost(&n));
+        if cost > budget {
+            return Err(GetEnd::Failed(
+                FileError::Other,
+                rel.to_vec(),
+                format!(
+                    "more names than a walk holds at once ({} MiB of names)",
+                    MAX_WALK_NAMES >> 20
+                ),
+            ));
+        }
+        names.push(n);
+    }
+    names.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    Ok(names)
+}
+
+/// A directory a walk is inside of.
+struct Level {
+    dir: File,
+    /// The names still to walk, the next one last.
+    names: Vec<Name>,
+    /// The length of its path.
+    len: usize,
+}
+
+/// Walks from `start` (what `rel` names, opened `O_PATH`, with its metadata) depth
+/// first, each directory's names in order, telling `v` what it meets. Every entry is
+/// opened from its directory's held descriptor with nothing followed; one removed before
+/// it was opened is skipped. Bounded: the path ([`MAX_WALK_PATH`]) and the names held
+/// ([`MAX_WALK_NAMES`]); a descriptor is held per directory it is inside of.
+pub(crate) fn walk(
+    v: &mut impl Visit,
+    start: File,
+    md: Metadata,
+    mut rel: Vec<u8>,
+) -> Result<(), GetEnd> {
+    let met = Met {
+        rel: &rel,
+        f: &start,
+        md: &md,
+        top: true,
+    };
+    if !md.is_dir() {
+        return v.leaf(&met);
+    }
+    let mut held = 0usize;
+    let mut stack: Vec<Level> = Vec::new();
+    let mut names = list(&start, &rel, MAX_WALK_NAMES)?;
+    v.listed(&met, &mut names)?;
+    held += names.iter().map(name_cost).sum::<usize>();
+    names.reverse();
+    let len = rel.len();
+    stack.push(Level {
+        dir: start,
+        names,
+        len,
+    });
+    while let Some(level) = stack.last_mut() {
+        let Some(n) = level.names.pop() else {
+            stack.pop();
+            continue;
+        };
+        held -= name_cost(&n);
+        rel.truncate(level.len);
+        if !rel.is_empty() {
+            rel.push(b'/');
+        }
+        rel.extend_from_slice(&n.name);
+        if rel.len() > MAX_WALK_PATH {
+            return Err(GetEnd::Failed(
+                FileError::Other,
+                rel[..256].to_vec(),
+                format!("a path longer than a walk goes ({MAX_WALK_PATH} bytes)"),
+            ));
+        }
+        if !n.maybe_dir && !v.leaves() {
+            continue;
+        }
+        let found = cstr(&n.name)
+            .and_then(|c| open_in(&level.dir, &c, O_PATH))
+            .and_then(|f| f.metadata().map(|m| (f, m)));
+        let (f, md) = match found {
+            Ok(x) => x,
+            // Removed while we walked: skipped.
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(e) => return Err(walk_error(&rel, &e)),
+        };
+        let met = Met {
+            rel: &rel,
+            f: &f,
+            md: &md,
+            top: false,
+        };
+        if !md.is_dir() {
+            v.leaf(&met)?;
+            continue;
+        }
+        if !v.enter(&met)? {
+            continue;
+        }
+        let mut names = list(&f, &rel, MAX_WALK_NAMES - held)?;
+        v.listed(&met, &mut names)?;
+        held += names.iter().map(name_cost).sum::<usize>();
+        names.reverse();
+        stack.push(Level {
+            dir: f,
+            names,
+            len: rel.len(),
+        });
     }
     Ok(())
 }
@@ -839,6 +1040,7 @@ pub(crate) fn get_tree(link: &Link, id: u32, path: &[u8], flow: &Flow) -> Result
 mod tests {
     use std::collections::HashSet;
     use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::symlink;
     use std::path::Path;
 
