@@ -9,13 +9,14 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::files::{self, GetEnd, Put};
+use crate::files::{self, GetEnd, Put, Sender};
 use crate::flow::Flow;
+use crate::layer;
 use crate::link::{Link, REQUEST_BACKLOG, TOTAL_BACKLOG, file_error_frame};
 use crate::proto::{
-    self, ATTACH, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET, KILL,
-    KILLED, LEAVE, LIST, MAX_GETS, PING, PONG, PUT, RELEASE, RESIZE, SPAWN, STDIN, STDIN_ACK,
-    STDIN_EOF, STDIN_WINDOW, Spawn, SpawnError,
+    self, ATTACH, BASE, CREDIT, DISCARD, DONE, Dec, DecodeError, ENTRY, Enc, Entry, FileError, GET,
+    KILL, KILLED, LAYER, LEAVE, LIST, MAX_GETS, PING, PONG, PUT, RELEASE, RESIZE, SPAWN, STDIN,
+    STDIN_ACK, STDIN_EOF, STDIN_WINDOW, Spawn, SpawnError,
 };
 use crate::{Helper, diag, lock, start_thread, sys};
 
@@ -150,7 +151,19 @@ impl Conn {
             }
             GET => {
                 let path = d.bytes().map_err(bad)?.to_vec();
-                self.get(id, path);
+                self.stream(id, move |link, flow| files::get_tree(link, id, &path, flow));
+            }
+            BASE => {
+                let h = self.h;
+                self.stream(id, move |_, _| layer::base_op(h.daemon_dir.as_ref()));
+            }
+            LAYER => {
+                let workspace = d.bytes().map_err(bad)?.to_vec();
+                let h = self.h;
+                self.stream(id, move |link, flow| {
+                    let out = Sender::new(link, flow, id);
+                    layer::layer_op(out, h.daemon_dir.as_ref(), &workspace)
+                });
             }
             ENTRY => {
                 let e = Entry::decode(&mut d).map_err(bad)?;
@@ -343,8 +356,14 @@ impl Conn {
         }
     }
 
-    /// `GET`, on a thread of its own.
-    fn get(&mut self, id: u32, path: Vec<u8>) {
+    /// A `GET`, `BASE` or `LAYER` (`op`), on a thread of its own, under a flow of its
+    /// own, ended by `DONE` or `FILE_ERROR` (nothing once discarded). Each counts among
+    /// the connection's [`MAX_GETS`].
+    fn stream(
+        &mut self,
+        id: u32,
+        op: impl FnOnce(&Link, &Flow) -> Result<(), GetEnd> + Send + 'static,
+    ) {
         self.sweep();
         if self.in_use(id) {
             self.link
@@ -361,7 +380,7 @@ impl Conn {
                 id,
                 FileError::Other,
                 b"",
-                &format!("{MAX_GETS} GETs run on this connection already"),
+                &format!("{MAX_GETS} GETs, BASEs and LAYERs run on this connection already"),
             );
             return;
         }
@@ -371,7 +390,7 @@ impl Conn {
         let link = self.link.clone();
         let started = start_thread("get", move || {
             // The last frame, unless discarded meanwhile (it costs no credit).
-            match files::get_tree(&link, id, &path, &f) {
+            match op(&link, &f) {
                 Ok(()) => {
                     f.send(&link, Enc::frame(DONE, id).finish(), 0);
                 }

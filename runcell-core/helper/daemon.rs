@@ -88,7 +88,7 @@ pub(crate) fn relay_main() -> ! {
 }
 
 /// The path of the executable (for the daemon's command line) and its directory.
-fn exe_and_dir() -> io::Result<(PathBuf, PathBuf)> {
+pub(crate) fn exe_and_dir() -> io::Result<(PathBuf, PathBuf)> {
     let exe = fs::read_link("/proc/self/exe")?;
     let dir = exe
         .parent()
@@ -354,8 +354,11 @@ pub(crate) fn daemon_main(mut args: impl Iterator<Item = OsString>) -> ! {
             std::process::exit(1);
         }
     };
-    drop(dir);
-    let h: &'static Helper = Box::leak(Box::new(Helper::new(true, size, digest)));
+    // Kept: `BASE` and `LAYER` keep the run's base listing in it.
+    let h: &'static Helper = Box::leak(Box::new(Helper {
+        daemon_dir: Some(dir),
+        ..Helper::new(true, size, digest)
+    }));
     if !start_thread("reaper", move || h.reaper()) || !start_thread("janitor", move || h.janitor())
     {
         diag(format_args!("daemon: cannot start its threads"));

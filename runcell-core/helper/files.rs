@@ -33,8 +33,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::{self, ErrorKind, Read};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::flow::Flow;
@@ -55,12 +55,12 @@ const TEMP_TRIES: usize = 16;
 /// A failure: kind, path (relative, for entries), message.
 pub(crate) type Failure = (FileError, Vec<u8>, String);
 
-fn cstr(name: &[u8]) -> io::Result<CString> {
+pub(crate) fn cstr(name: &[u8]) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::from_raw_os_error(EINVAL))
 }
 
 /// Opens `name` in `dir`, never following a link at `name`.
-fn open_in(dir: &File, name: &CStr, flags: i32) -> io::Result<File> {
+pub(crate) fn open_in(dir: &File, name: &CStr, flags: i32) -> io::Result<File> {
     let flags = flags | O_NOFOLLOW | O_CLOEXEC;
     sys::openat(Some(dir.as_fd()), name, flags, 0).map(File::from)
 }
@@ -82,7 +82,7 @@ fn trusted(dir: &Metadata) -> bool {
 }
 
 /// The components of a path, without empty ones and `.`.
-fn components(path: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+pub(crate) fn components(path: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     path.split(|&b| b == b'/')
         .filter(|c| !c.is_empty() && *c != b".")
 }
@@ -149,7 +149,9 @@ fn temp_name() -> CString {
 
 /// Creates something under a fresh temporary name in a directory, with `create` (which
 /// must fail with `EEXIST` if the name is taken): the name and what `create` returned.
-fn create_temp<T>(mut create: impl FnMut(&CStr) -> io::Result<T>) -> io::Result<(CString, T)> {
+pub(crate) fn create_temp<T>(
+    mut create: impl FnMut(&CStr) -> io::Result<T>,
+) -> io::Result<(CString, T)> {
     let mut last = None;
     for _ in 0..TEMP_TRIES {
         let name = temp_name();
@@ -619,7 +621,8 @@ fn write_sparse(file: &mut File, mut pos: u64, data: &[u8]) -> io::Result<()> {
 
 // ---- GET -------------------------------------------------------------------------------
 
-/// How a `GET` ended early.
+/// How a `GET` (or another walk that sends) ended early.
+#[derive(Debug)]
 pub(crate) enum GetEnd {
     /// `FILE_ERROR`: kind, relative path, message.
     Failed(FileError, Vec<u8>, String),
@@ -670,7 +673,7 @@ impl Stamp {
 }
 
 /// An `ENTRY` for a `GET`.
-fn entry_of(rel: &[u8], kind: u8, md: &Metadata, size: u64, link: Vec<u8>) -> Entry {
+pub(crate) fn entry_of(rel: &[u8], kind: u8, md: &Metadata, size: u64, link: Vec<u8>) -> Entry {
     Entry {
         path: rel.to_vec(),
         kind,
@@ -721,7 +724,8 @@ struct GetAll<'a>(Sender<'a>);
 
 impl Visit for GetAll<'_> {
     fn listed(&mut self, m: &Met<'_>, _: &mut Vec<Name>) -> Result<(), GetEnd> {
-        self.0.entry(&entry_of(m.rel, DIRECTORY, m.md, 0, Vec::new()))
+        self.0
+            .entry(&entry_of(m.rel, DIRECTORY, m.md, 0, Vec::new()))
     }
 
     fn leaf(&mut self, m: &Met<'_>) -> Result<(), GetEnd> {

@@ -69,6 +69,7 @@ mod durable;
 mod exec;
 mod files;
 mod flow;
+mod layer;
 mod link;
 mod plan;
 mod procs;
@@ -281,6 +282,9 @@ struct Helper {
     janitor_cv: Condvar,
     /// Connections being served.
     connections: AtomicUsize,
+    /// The daemon's directory (the daemon's own descriptor; `None`: the relay serves its
+    /// connection itself, or a test).
+    daemon_dir: Option<File>,
 }
 
 impl Helper {
@@ -312,6 +316,7 @@ impl Helper {
             reg_cv: Condvar::new(),
             janitor_cv: Condvar::new(),
             connections: AtomicUsize::new(0),
+            daemon_dir: None,
         }
     }
 

@@ -98,6 +98,47 @@
 //!   [`MAX_GET_LINKS`] such files are remembered, and marked [`LINK_TARGET`] in their own
 //!   entry; later ones go as copies.
 //!
+//! # Snapshot layers (version 6)
+//! A snapshot of a run's root filesystem as an OCI image layer: what changed since the
+//! run started. The helper reads change times (`st_ctime`, which no user can set), so it
+//! needs to know when the run started and what was there then: its *base listing*.
+//! - host `BASE` (empty payload) → helper `DONE` or `FILE_ERROR`, once at create, before
+//!   any user command. The helper takes T0 = now (`CLOCK_REALTIME`) less
+//!   [`BASE_MARGIN_SECS`], walks the root filesystem from `/` through held descriptors
+//!   (nothing followed) and writes, for every directory it walks, its path and the names
+//!   in it to the file [`BASE_FILE`] in the daemon's directory (format below), made under
+//!   a temporary name (`O_CREAT | O_EXCL | O_NOFOLLOW`, 0600) and linked to its name only
+//!   when whole (never over one there). Skipped, with everything below them, and never
+//!   recorded as names: `/proc`, `/sys`, `/dev`, [`HELPER_DIR`], the daemon's directory,
+//!   every mount point of `/proc/self/mountinfo` but `/`, and a directory of another
+//!   file system than `/` (a mount point moved while the walk ran; it is recorded as a
+//!   name, never walked). A base listing already there is kept (`DONE` at once: a
+//!   restarted daemon must never take it again). A directory it cannot list fails it
+//!   (`FILE_ERROR` naming it); so does a listing past [`MAX_BASE_BYTES`] or
+//!   [`MAX_BASE_NAMES`].
+//! - host `LAYER` (workspace: absolute path, or empty for none) → `ENTRY` and `STDOUT`
+//!   frames exactly as a `GET`'s (same credit, hard links, fifos, shrink rule; counted
+//!   among [`MAX_GETS`]), rooted at `/` (paths such as `usr/local/x`; `/` itself has no
+//!   entry), then `DONE`; or `FILE_ERROR`. It holds every entry below `/` whose change
+//!   time is at least the base's T0 (a directory's own entry likewise; every directory is
+//!   walked, changed or not), with the skips of `BASE`, except that a workspace that is a
+//!   mount point is sent whole (its change times ignored; mount points below it are
+//!   still skipped) together with the entries of its ancestors. A workspace that is no
+//!   mount point is ordinary root filesystem. Sockets and devices are skipped, as below a
+//!   `GET`'s directory.
+//! - Whiteouts: for a directory whose change time is at least T0 and that the base
+//!   lists, every name the base lists in it that is gone now (or is skipped now) comes
+//!   as an empty [`REGULAR`] entry of mode 0 named `.wh.<name>` in that directory, right
+//!   after the directory's own entry (the OCI layer convention). An entry that would be
+//!   sent whose name starts with `.wh.` fails the `LAYER` (`FILE_ERROR`, [`FileError::Invalid`]):
+//!   only the helper makes whiteouts.
+//! - No base listing is a `FILE_ERROR`; so is a malformed one. It lives where the run's
+//!   code may write, so it is read as untrusted: bounded ([`MAX_BASE_BYTES`],
+//!   [`MAX_BASE_NAMES`]), and a name that is empty, `.`, `..` or holds a `/` is malformed.
+//! - The base listing's format: the line `runcell-base 1 <t0 seconds> <t0 nanoseconds>\n`,
+//!   then per directory walked (depth first; `/` first, as the empty path) its path
+//!   relative to `/`, a NUL, each name in it followed by a NUL (sorted), and one more NUL.
+//!
 //! # Daemon, relay and durable execs (version 3; `LEAVE` since version 4)
 //! The program the host starts through the engine (`/.runcell/helper`, no argument) is a
 //! *relay*. It makes sure the run's *daemon* is up, connects to it over a Unix socket and
@@ -228,11 +269,23 @@
 use std::fmt;
 
 /// Bumped on any incompatible change; the host refuses a helper of another version.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// The argument that starts the helper as the run's daemon (see the module docs).
 pub const DAEMON_ARG: &str = "--daemon";
 /// The daemon's directory, beside the helper's executable.
 pub const DAEMON_DIR: &str = "d";
+/// Where the host places the helper (its executable is `helper` in it); skipped by
+/// `BASE` and `LAYER`.
+pub const HELPER_DIR: &str = "/.runcell";
+/// The base listing's file in the daemon's directory (see "Snapshot layers").
+pub const BASE_FILE: &str = "base";
+/// How far before the `BASE` its T0 is, in seconds: the kernel's change times come from
+/// a coarse clock, and the runtime may have written files just before.
+pub const BASE_MARGIN_SECS: u64 = 2;
+/// The largest base listing, in bytes.
+pub const MAX_BASE_BYTES: u64 = 512 << 20;
+/// The most names a base listing holds.
+pub const MAX_BASE_NAMES: usize = 4 << 20;
 /// Connections the daemon serves at once; more are closed at once.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Exec records the daemon holds at most.
@@ -303,6 +356,11 @@ pub const RELEASE: u8 = 12;
 pub const LIST: u8 = 13;
 /// The connection stops reading an exec attached to it as if it had ended (version 4).
 pub const LEAVE: u8 = 14;
+/// Record the run's base listing (empty payload; version 6, "Snapshot layers").
+pub const BASE: u8 = 15;
+/// Stream what changed in the root filesystem since the base listing: the workspace
+/// (absolute path, or empty for none; version 6, "Snapshot layers").
+pub const LAYER: u8 = 16;
 
 // Frame kinds, helper → host.
 /// [`Hello`], id 0, the helper's first frame.
@@ -323,7 +381,7 @@ pub const STDIN_ACK: u8 = 70;
 pub const KILLED: u8 = 71;
 /// Answer to `PING`.
 pub const PONG: u8 = 72;
-/// A `PUT` or `GET` ended well.
+/// A `PUT`, `GET`, `BASE` or `LAYER` ended well.
 pub const DONE: u8 = 73;
 /// [`FileError`] kind u8 + relative path + message.
 pub const FILE_ERROR: u8 = 74;

@@ -67,6 +67,7 @@ impl Helper {
             reg_cv: Condvar::new(),
             janitor_cv: Condvar::new(),
             connections: AtomicUsize::new(0),
+            daemon_dir: None,
         }
     }
 
