@@ -33,8 +33,8 @@
 //! execs whose grace passed and forgets expired records; per exec one output thread
 //! (reads the command's output into the exec's record and sends it within the attached
 //! connection's credit; it also reads the command's status from the exec's shepherd)
-//! and, when stdin is piped, one stdin writer; a spawn's answer, a kill or a `GET` runs
-//! on a thread of its own.
+//! and, when stdin is piped, one stdin writer; a spawn's answer, a kill, a `GET`, `BASE` or
+//! `LAYER` runs on a thread of its own.
 //!
 //! Processes: every exec runs under a shepherd of its own (`shepherd.rs`, the same
 //! executable in another mode), which tracks, reaps and kills that exec's processes and
@@ -58,7 +58,8 @@
 //! exec's retained output, offsets and credit), [`durable`] (records across
 //! connections: `ATTACH`, `RELEASE`, `LIST`, `DISCARD`, the end of a connection, the
 //! janitor), [`streams`] (an exec's output and stdin threads), [`flow`] (a `GET`'s
-//! credit), [`files`] (`PUT` and `GET`), [`users`] (per-exec users and permission
+//! credit), [`files`] (`PUT` and `GET`; the walk `GET`, `BASE` and `LAYER`
+//! share), [`layer`] (`BASE` and `LAYER`: snapshot layers), [`users`] (per-exec users and permission
 //! checks), [`procs`] (`/proc` scans), [`shepherd`] (the per-exec shepherd mode), [`sys`]
 //! (the libc calls) and [`proto`] (the wire protocol). This file holds what they share:
 //! the [`Helper`] state, the `HELLO`, the one-connection mode, error kinds, and `main`.

@@ -281,6 +281,16 @@ pub trait RunFiles: Send + Sync {
     /// files, hard links among them, directories, symbolic links, fifos), or `None` when
     /// the run has no exec helper (the plain exec path).
     async fn helper_archive(&self, path: &str) -> Result<Option<ByteStream>>;
+
+    /// What changed in the run's root filesystem since it was created, as an OCI image
+    /// layer (a tar stream; a deletion is an empty regular file named `.wh.<name>` in its
+    /// directory), or `None` when the run has no exec helper (the plain exec path). What
+    /// counts: every entry whose change time is past the run's base listing, taken at
+    /// create for a backend whose [`Backend::snapshot_base`] says so (without one this
+    /// fails); never `/proc`, `/sys`, `/dev`, the helper's directory or mount points,
+    /// except `workspace` (absolute, or empty for none): a mount point there is in the
+    /// layer whole (mount points below it are not). Sockets and devices are left out.
+    async fn helper_layer(&self, workspace: &str) -> Result<Option<ByteStream>>;
 }
 
 /// What an engine supplies. Implement this; the [`crate::Driver`] comes with it.
@@ -346,6 +356,13 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
     /// Every snapshot of this backend. Default: none.
     async fn list_snapshots(&self) -> Result<Vec<crate::Snapshot>> {
         Ok(Vec::new())
+    }
+
+    /// Whether the backend's snapshots need the run's base listing at create (they read
+    /// the run's changes with [`RunFiles::helper_layer`]): core has the exec helper record
+    /// it right after it started, before any command of the run. Default: false.
+    fn snapshot_base(&self) -> bool {
+        false
     }
 
     /// Removes snapshot `id` (checked); one that does not exist is success. Default:
@@ -531,6 +548,11 @@ pub trait Layer: Clone + Send + Sync + fmt::Debug + 'static {
         self.inner().list_snapshots().await
     }
 
+    /// [`Backend::snapshot_base`]; default: the inner backend's.
+    fn snapshot_base(&self) -> bool {
+        self.inner().snapshot_base()
+    }
+
     /// [`Backend::remove_snapshot`]; default: the inner backend's.
     async fn remove_snapshot(&self, id: &str) -> Result<()> {
         self.inner().remove_snapshot(id).await
@@ -637,6 +659,10 @@ impl<L: Layer> Backend for L {
 
     async fn list_snapshots(&self) -> Result<Vec<crate::Snapshot>> {
         Layer::list_snapshots(self).await
+    }
+
+    fn snapshot_base(&self) -> bool {
+        Layer::snapshot_base(self)
     }
 
     async fn remove_snapshot(&self, id: &str) -> Result<()> {

@@ -1,8 +1,11 @@
 //! `put_archive` / `get_archive` through the helper: core reads and writes the tar
-//! stream, the helper only creates and reads files (no `tar` needed in the image).
+//! stream, the helper only creates and reads files (no `tar` needed in the image). And
+//! for snapshots: the run's base listing (`BASE`, at create) and the layer of what
+//! changed since (`LAYER`, a tar stream as `get_archive`'s).
 
 use std::io::{self, Read};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -15,12 +18,30 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::OutputChunk;
 use crate::files::ByteStream;
 
+/// How long a `BASE` may take (it walks the root filesystem of the whole image), and a
+/// `LAYER` until its first entry (it walks everything unchanged before it).
+pub(crate) const WALK_TIMEOUT: Duration = Duration::from_secs(300);
+
 fn file_error(kind: FileError, path: &str, message: &str, op: &str) -> Error {
-    let what = if path.is_empty() {
-        message.to_string()
-    } else {
-        format!("{path}: {message}")
+    // The snapshot walks name paths below `/`.
+    let walk = matches!(op, "base" | "layer");
+    let what = match (path.is_empty(), walk) {
+        (true, _) => message.to_string(),
+        (false, true) => format!("/{path}: {message}"),
+        (false, false) => format!("{path}: {message}"),
     };
+    if walk {
+        let e = match kind {
+            // A name of the run's that a layer cannot carry (`.wh.`).
+            FileError::Invalid => Error::unsupported("snapshot", what),
+            _ => Error::new(ErrorKind::Backend, what),
+        };
+        return e.with_operation(if op == "base" {
+            "record the run's base listing"
+        } else {
+            "read the run's changes"
+        });
+    }
     match kind {
         FileError::NotFound => Error::new(ErrorKind::NotFound, what).with_field("path"),
         // Reading below a non-directory: the path does not exist.
@@ -244,6 +265,80 @@ pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream
         Ok(other) => return Err(lost(format!("unexpected answer to a GET: {other:?}"))),
         Err(_) => return Err(lost("the helper did not answer a GET in time".into())),
     };
+    Ok(archive(slot, Some(first), events, "get_archive"))
+}
+
+/// Records the run's base listing (`BASE`), which its snapshot layers are taken against
+/// ([`layer`]): once, at create, before any command of the run. One already recorded is
+/// kept. Bounded by [`WALK_TIMEOUT`].
+pub(crate) async fn base(session: &Arc<Session>) -> Result<()> {
+    let _slot = session
+        .gets
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| lost("the helper session closed".to_string()))?;
+    let (_, mut events, _) = session.file_op(proto::BASE, "")?;
+    match tokio::time::timeout(WALK_TIMEOUT, events.next()).await {
+        Ok(Some(Event::Done)) => Ok(()),
+        Ok(Some(Event::FileFailed(k, p, msg))) => Err(file_error(k, &p, &msg, "base")),
+        Ok(Some(Event::Lost(why))) => Err(lost(why)),
+        Ok(other) => Err(lost(format!("unexpected answer to a BASE: {other:?}"))),
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "the exec helper did not record the run's base listing within {WALK_TIMEOUT:?}"
+            ),
+        )
+        .with_operation("record the run's base listing")),
+    }
+}
+
+/// A tar stream of what changed in the run's root filesystem since its base listing
+/// (`LAYER`, an OCI image layer: deletions are empty regular files named `.wh.<name>`),
+/// with `workspace` (absolute, or empty for none) whole when it is a mount point. A
+/// failure before the first entry (no base listing, say) is an error here, waited for
+/// at most [`WALK_TIMEOUT`]; a later one is an error item of the stream, never a short
+/// archive.
+pub(crate) async fn layer(session: &Arc<Session>, workspace: &str) -> Result<ByteStream> {
+    let slot = session
+        .gets
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| lost("the helper session closed".to_string()))?;
+    let (_, mut events, _) = session.file_op(proto::LAYER, workspace)?;
+    let first = match tokio::time::timeout(WALK_TIMEOUT, events.next()).await {
+        Ok(Some(Event::Entry(e, n))) => {
+            events.give_credit(n);
+            Some(e)
+        }
+        // Nothing changed: an empty archive.
+        Ok(Some(Event::Done)) => None,
+        Ok(Some(Event::FileFailed(k, p, msg))) => return Err(file_error(k, &p, &msg, "layer")),
+        Ok(Some(Event::Lost(why))) => return Err(lost(why)),
+        Ok(other) => return Err(lost(format!("unexpected answer to a LAYER: {other:?}"))),
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the exec helper sent nothing of the run's changes within {WALK_TIMEOUT:?}"
+                ),
+            )
+            .with_operation("read the run's changes"));
+        }
+    };
+    Ok(archive(slot, first, events, "a snapshot layer"))
+}
+
+/// The archive of a `GET` or `LAYER` whose first entry came (`None`: it ended with
+/// `DONE` before any), written on a blocking task as the rest of its entries come.
+fn archive(
+    slot: tokio::sync::OwnedSemaphorePermit,
+    first: Option<Entry>,
+    events: Receiver,
+    what: &'static str,
+) -> ByteStream {
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
     tokio::task::spawn_blocking(move || {
         // Held until the archive is written (or failed).
@@ -256,11 +351,11 @@ pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream
         // abandon the GET. The archive's end is written only after the helper's `DONE`:
         // a failed GET is an error item, never a complete-looking shorter archive.
         if let Err(e) = write_tar(first, events, &mut out) {
-            tracing::debug!("get_archive through the helper failed: {e}");
+            tracing::debug!("{what} through the helper failed: {e}");
             let _ = tx.blocking_send(Err(e));
         }
     });
-    Ok(tokio_stream_of(rx))
+    tokio_stream_of(rx)
 }
 
 /// The receiving end of a channel as a stream.
@@ -297,7 +392,7 @@ impl io::Write for ChannelWriter {
     }
 }
 
-fn write_tar(first: Entry, events: Receiver, out: &mut ChannelWriter) -> io::Result<()> {
+fn write_tar(first: Option<Entry>, events: Receiver, out: &mut ChannelWriter) -> io::Result<()> {
     let mut builder = tar::Builder::new(io::BufWriter::with_capacity(proto::CHUNK, out));
     builder.follow_symlinks(false);
     match write_entries(&mut builder, first, events) {
@@ -312,11 +407,15 @@ fn write_tar(first: Entry, events: Receiver, out: &mut ChannelWriter) -> io::Res
 }
 
 /// Appends the helper's entries until its `DONE` (`Ok`) or a failure, naming the entry.
+/// `first` is the first entry, `None` when the `DONE` came already.
 fn write_entries(
     builder: &mut tar::Builder<impl io::Write>,
-    first: Entry,
+    first: Option<Entry>,
     mut events: Receiver,
 ) -> io::Result<()> {
+    if first.is_none() {
+        return Ok(());
+    }
     let mut last = String::new();
     let named = |last: &str, why: String| {
         if last.is_empty() {
@@ -330,7 +429,7 @@ fn write_entries(
     let keys = std::collections::hash_map::RandomState::new();
     use std::hash::BuildHasher as _;
     let mut targets = std::collections::HashSet::new();
-    let mut next = Some(first);
+    let mut next = first;
     loop {
         let entry = match next.take() {
             Some(e) => e,
@@ -349,7 +448,12 @@ fn write_entries(
                         format!("the exec helper's stream broke: {why}"),
                     ));
                 }
-                None => return Err(named(&last, "the exec helper never ended the GET".into())),
+                None => {
+                    return Err(named(
+                        &last,
+                        "the exec helper never ended the operation".into(),
+                    ));
+                }
                 other => return Err(io::Error::other(format!("unexpected frame {other:?}"))),
             },
         };

@@ -35,7 +35,7 @@ mod embedded {
 }
 
 /// Where a backend must offer a writable, executable directory in every target.
-pub const HELPER_DIR: &str = "/.runcell";
+pub const HELPER_DIR: &str = proto::HELPER_DIR;
 /// Where core places the helper binary.
 pub const HELPER_PATH: &str = "/.runcell/helper";
 /// How long a helper may take to answer its first frame (it greets within milliseconds of

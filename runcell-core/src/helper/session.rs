@@ -1041,7 +1041,8 @@ impl Session {
         }
     }
 
-    /// Starts a file operation (`PUT` of `dir` or `GET` of `path`): its id, events and
+    /// Starts a file operation (`PUT` of `dir`, `GET` of `path`, `LAYER` of the workspace
+    /// `path`, or `BASE`, whose payload is empty: `path` is not sent): its id, events and
     /// stdin window.
     pub(crate) fn file_op(
         &self,
@@ -1051,7 +1052,9 @@ impl Session {
         let (events, window) = self.open_id(kind == proto::PUT, false)?;
         let id = events.id;
         let mut frame = Enc::frame(kind, id);
-        frame.bytes(path.as_bytes());
+        if kind != proto::BASE {
+            frame.bytes(path.as_bytes());
+        }
         let _ = self.send_frame(frame.finish());
         Ok((id, events, window))
     }

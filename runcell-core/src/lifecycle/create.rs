@@ -138,6 +138,16 @@ pub(super) async fn bring_up<B: Backend>(
             // check below.
             _ => match unless_gone(backend, id, helper::start(backend, id)).await {
                 Ok(session) => {
+                    // Before any command of the run: what its snapshots are taken against.
+                    // Without it a later snapshot fails, saying why.
+                    if backend.snapshot_base()
+                        && let Err(e) = helper::files::base(&session).await
+                    {
+                        tracing::warn!(
+                            run = %id,
+                            "could not record the run's base listing (its snapshots will fail): {e}"
+                        );
+                    }
                     *run.helper.lock().await = HelperState::Ready(session);
                     None
                 }

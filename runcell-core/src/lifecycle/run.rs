@@ -293,6 +293,19 @@ impl<B: Backend> crate::raw::RunFiles for CoreRun<B> {
             None => Ok(None),
         }
     }
+
+    async fn helper_layer(&self, workspace: &str) -> Result<Option<ByteStream>> {
+        if !workspace.is_empty() {
+            files::validate_dir_path(workspace)?;
+        }
+        match self.session().await? {
+            Some(session) => helper::files::layer(&session, workspace)
+                .await
+                .map(Some)
+                .map_err(|e| e.with("run", &self.id)),
+            None => Ok(None),
+        }
+    }
 }
 
 #[async_trait]

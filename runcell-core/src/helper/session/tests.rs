@@ -911,3 +911,147 @@ async fn a_helpers_archive_names_nothing_outside_its_tree() {
         assert!(got.is_err(), "{case}: {got:?}");
     }
 }
+
+/// Reads a snapshot layer's stream: its entries (path, type, size), or the stream's
+/// error.
+async fn layer_entries(
+    stream: crate::files::ByteStream,
+) -> std::result::Result<Vec<(String, tar::EntryType, u64)>, String> {
+    let mut stream = stream;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        bytes.extend_from_slice(&chunk.map_err(|e| e.to_string())?);
+    }
+    // A whole archive: two zero blocks at its end.
+    assert!(bytes.len() >= 1024 && bytes[bytes.len() - 1024..].iter().all(|b| *b == 0));
+    let mut archive = tar::Archive::new(&bytes[..]);
+    let mut out = Vec::new();
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        out.push((
+            String::from_utf8_lossy(&entry.path_bytes()).into_owned(),
+            entry.header().entry_type(),
+            entry.size(),
+        ));
+    }
+    Ok(out)
+}
+
+/// `BASE` goes with an empty payload and succeeds only on `DONE`; a failure names the
+/// path below `/`.
+#[tokio::test]
+async fn a_base_listing_is_recorded_or_its_failure_named() {
+    let (session, mut peer) = opened().await;
+    let base = tokio::spawn({
+        let session = session.clone();
+        async move { crate::helper::files::base(&session).await }
+    });
+    let (id, payload) = peer.expect(proto::BASE).await;
+    assert!(payload.is_empty());
+    peer.send(Enc::frame(proto::DONE, id).finish());
+    base.await.unwrap().expect("recorded");
+
+    let base = tokio::spawn({
+        let session = session.clone();
+        async move { crate::helper::files::base(&session).await }
+    });
+    let (id, _) = peer.expect(proto::BASE).await;
+    let mut e = Enc::frame(proto::FILE_ERROR, id);
+    e.u8(FileError::Denied as u8)
+        .bytes(b"root/secret")
+        .bytes(b"Permission denied");
+    peer.send(e.finish());
+    let err = base.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Backend);
+    assert!(
+        err.to_string().contains("/root/secret: Permission denied"),
+        "{err}"
+    );
+}
+
+/// A `LAYER` is a tar stream of its entries (whiteouts as empty regular files), an empty
+/// archive when nothing changed, an error before its first entry, and an error item
+/// (never a whole-looking archive) after one.
+#[tokio::test]
+async fn a_layer_is_an_archive_of_its_entries_or_an_error() {
+    use proto::{DIRECTORY, REGULAR};
+    let (session, mut peer) = opened().await;
+    let start = |session: &Arc<Session>| {
+        let session = session.clone();
+        tokio::spawn(async move { crate::helper::files::layer(&session, "/work").await })
+    };
+
+    let layer = start(&session);
+    let (id, payload) = peer.expect(proto::LAYER).await;
+    assert_eq!(Dec::new(&payload).bytes().unwrap(), b"/work");
+    for e in [
+        entry("etc", DIRECTORY, 0o755, 0, ""),
+        entry("etc/.wh.gone", REGULAR, 0, 0, ""),
+        entry("etc/new", REGULAR, 0o644, 3, ""),
+    ] {
+        let mut f = Enc::frame(proto::ENTRY, id);
+        e.encode(&mut f);
+        peer.send(f.finish());
+    }
+    peer.send(data(proto::STDOUT, id, 3));
+    peer.send(Enc::frame(proto::DONE, id).finish());
+    let got = layer_entries(layer.await.unwrap().unwrap()).await.unwrap();
+    assert_eq!(
+        got,
+        [
+            ("etc".to_string(), tar::EntryType::Directory, 0),
+            ("etc/.wh.gone".to_string(), tar::EntryType::Regular, 0),
+            ("etc/new".to_string(), tar::EntryType::Regular, 3),
+        ]
+    );
+
+    // Nothing changed.
+    let layer = start(&session);
+    let (id, _) = peer.expect(proto::LAYER).await;
+    peer.send(Enc::frame(proto::DONE, id).finish());
+    let got = layer_entries(layer.await.unwrap().unwrap()).await.unwrap();
+    assert!(got.is_empty(), "{got:?}");
+
+    // No base listing: an error, no stream.
+    let layer = start(&session);
+    let (id, _) = peer.expect(proto::LAYER).await;
+    let mut e = Enc::frame(proto::FILE_ERROR, id);
+    e.u8(FileError::Other as u8)
+        .bytes(b"")
+        .bytes(b"the run has no base listing");
+    peer.send(e.finish());
+    let err = layer.await.unwrap().err().expect("an error");
+    assert!(err.to_string().contains("no base listing"), "{err}");
+
+    // A name a layer cannot carry: unsupported, naming it.
+    let layer = start(&session);
+    let (id, _) = peer.expect(proto::LAYER).await;
+    let mut e = Enc::frame(proto::FILE_ERROR, id);
+    e.u8(FileError::Invalid as u8)
+        .bytes(b"a/.wh.x")
+        .bytes(b"names starting with .wh. cannot be carried by a layer");
+    peer.send(e.finish());
+    let err = layer.await.unwrap().err().expect("an error");
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(err.to_string().contains("/a/.wh.x"), "{err}");
+
+    // A failure after the first entry: the stream ends with an error.
+    let layer = start(&session);
+    let (id, _) = peer.expect(proto::LAYER).await;
+    let mut f = Enc::frame(proto::ENTRY, id);
+    entry("etc", DIRECTORY, 0o755, 0, "").encode(&mut f);
+    peer.send(f.finish());
+    let mut e = Enc::frame(proto::FILE_ERROR, id);
+    e.u8(FileError::Other as u8)
+        .bytes(b"etc/big")
+        .bytes(b"the file shrank while it was read");
+    peer.send(e.finish());
+    let mut stream = layer.await.unwrap().unwrap();
+    let mut failed = None;
+    while let Some(chunk) = stream.next().await {
+        if let Err(e) = chunk {
+            failed = Some(e.to_string());
+        }
+    }
+    assert!(failed.is_some_and(|e| e.contains("etc/big")));
+}
