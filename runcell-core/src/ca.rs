@@ -95,6 +95,30 @@ pub fn parse_certificates(pem_text: &str) -> Result<String> {
     Ok(out)
 }
 
+/// `text` (a PEM bundle) without the last copy of each certificate of `injected`: what a
+/// snapshot keeps of a system bundle the library appended the run's CA to (an image's own
+/// copy of the same certificate stays).
+pub fn without_last_copies(text: &str, injected: &str) -> String {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = text.to_string();
+    let mut rest = injected;
+    while let Some(begin) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let Some(end) = rest[begin..].find(END) else {
+            break;
+        };
+        let block = &rest[begin..begin + end + END.len()];
+        if let Some(at) = out.rfind(block) {
+            let mut stop = at + block.len();
+            if out[stop..].starts_with('\n') {
+                stop += 1;
+            }
+            out.replace_range(at..stop, "");
+        }
+        rest = &rest[begin + end + END.len()..];
+    }
+    out
+}
+
 /// The full bundle: the system roots (may be empty) and then the injected certificates.
 pub fn full_bundle(system: &str, injected: &str) -> String {
     let mut out = system.to_string();

@@ -48,8 +48,9 @@ pub const SNAPSHOT_CREATED: &str = "sandbox.dev/snapshot-created";
 pub struct Snapshot {
     /// `snap-` and 16 hex digits.
     pub id: String,
-    /// The engine's reference of the image a run from it starts from: its whole ID
-    /// (`sha256:...`), so that no tag can be moved under it.
+    /// The engine's reference of the image a run from it starts from, so that no tag can
+    /// be moved under it: its whole ID (`sha256:...`) on Docker and Podman, its registry
+    /// reference by digest (`host/repository@sha256:...`) on Kubernetes.
     pub image: String,
     /// The image of the run it was taken from.
     pub base_image: String,

@@ -378,7 +378,7 @@ impl DockerDriver {
             let Some((mode, text)) = self.read_file(id, path).await else {
                 continue;
             };
-            let pristine = without_last_copies(&text, &injected);
+            let pristine = ca::without_last_copies(&text, &injected);
             if pristine != text {
                 self.add_dirs(id, path, &mut dirs_done, &mut out).await?;
                 append_file(
@@ -767,28 +767,6 @@ fn build_layer(
     let mut layer = layer;
     layer.rewind().map_err(&wrap)?;
     Ok(((layer, digest), len))
-}
-
-/// `text` (a PEM bundle) without the last copy of each certificate of `injected`.
-fn without_last_copies(text: &str, injected: &str) -> String {
-    const END: &str = "-----END CERTIFICATE-----";
-    let mut out = text.to_string();
-    let mut rest = injected;
-    while let Some(begin) = rest.find("-----BEGIN CERTIFICATE-----") {
-        let Some(end) = rest[begin..].find(END) else {
-            break;
-        };
-        let block = &rest[begin..begin + end + END.len()];
-        if let Some(at) = out.rfind(block) {
-            let mut stop = at + block.len();
-            if out[stop..].starts_with('\n') {
-                stop += 1;
-            }
-            out.replace_range(at..stop, "");
-        }
-        rest = &rest[begin + end + END.len()..];
-    }
-    out
 }
 
 /// Writes the whiteout of the absolute `path` (`dir/.wh.name`).

@@ -36,6 +36,80 @@ pub struct K8sConfig {
     /// Where the run's workspace lives: an `emptyDir` (the default), an existing
     /// PersistentVolumeClaim, or a claim made for each run.
     pub workspace_volume: WorkspaceVolume,
+    /// Where snapshots go (`Run::snapshot`); none: this driver has no snapshots.
+    pub snapshot_registry: Option<SnapshotRegistry>,
+}
+
+/// The registry repository Kubernetes snapshots are pushed to and runs from them are
+/// pulled from ([`K8sConfig::snapshot_registry`]); the cluster's nodes must be able to
+/// pull from it. A snapshot is the run's base image (as the node pulled it, by digest)
+/// plus one layer of what the run changed, tagged with the snapshot's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotRegistry {
+    /// `host[:port]/path` (`registry.internal:5000/runcell-snapshots`): no tag, no digest.
+    pub repository: String,
+    /// Plain HTTP to that host (a registry on loopback or a network you trust); HTTPS
+    /// otherwise.
+    pub plain_http: bool,
+}
+
+impl SnapshotRegistry {
+    /// A repository spoken to over HTTPS.
+    pub fn new(repository: impl Into<String>) -> SnapshotRegistry {
+        SnapshotRegistry {
+            repository: repository.into(),
+            plain_http: false,
+        }
+    }
+
+    /// Speaks plain HTTP to it.
+    pub fn plain_http(mut self, on: bool) -> Self {
+        self.plain_http = on;
+        self
+    }
+
+    /// The registry host and the repository path, checked ([`ErrorKind::Config`] naming
+    /// `snapshot_registry`).
+    pub(crate) fn split(&self) -> Result<(&str, &str)> {
+        let bad = |why: &str| {
+            config_error(
+                "snapshot_registry",
+                format!(
+                    "{:?} {why}",
+                    self.repository.chars().take(200).collect::<String>()
+                ),
+            )
+        };
+        let (host, path) = self
+            .repository
+            .split_once('/')
+            .ok_or_else(|| bad("is not host/repository"))?;
+        let host_ok = !host.is_empty()
+            && host.len() <= 253
+            && (host.contains(['.', ':']) || host == "localhost")
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b));
+        if !host_ok {
+            return Err(bad(
+                "does not start with a registry host (name with a dot or a port, or localhost)",
+            ));
+        }
+        let part_ok = |p: &str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+                && p.as_bytes()[0].is_ascii_alphanumeric()
+                && p.as_bytes()[p.len() - 1].is_ascii_alphanumeric()
+        };
+        if path.len() > 200 || !path.split('/').all(part_ok) {
+            return Err(bad(
+                "has no valid repository path (lowercase letters, digits, . _ - between slashes; no tag or digest)",
+            ));
+        }
+        Ok((host, path))
+    }
 }
 
 /// The volume under the run's workspace path ([`K8sConfig::workspace_volume`]).
@@ -234,12 +308,20 @@ impl K8sConfig {
         self.workspace_volume = volume;
         self
     }
+
+    /// Gives the driver snapshots, pushed to `registry` (see [`SnapshotRegistry`]).
+    /// Checked by [`K8sDriver::connect`].
+    pub fn snapshot_registry(mut self, registry: SnapshotRegistry) -> Self {
+        self.snapshot_registry = Some(registry);
+        self
+    }
 }
 
 impl K8sDriver {
     /// Connects with the inferred kubeconfig and checks that the API server answers.
     pub async fn connect(config: K8sConfig) -> Result<K8sDriver> {
         config.workspace_volume.validate()?;
+        let registry = crate::snapshot::Registry::of(&config)?;
         let kube_config = kube::Config::infer().await.map_err(|e| {
             Error::new(
                 ErrorKind::Unavailable,
@@ -276,6 +358,7 @@ impl K8sDriver {
             config,
             cluster_url,
             runs: Arc::default(),
+            registry,
         })
     }
 
@@ -284,15 +367,16 @@ impl K8sDriver {
         client: Client,
         namespace: impl Into<String>,
         config: K8sConfig,
-    ) -> K8sDriver {
-        K8sDriver {
+    ) -> Result<K8sDriver> {
+        Ok(K8sDriver {
             cluster_url: "(caller's client)".into(),
             namespace: namespace.into(),
             client,
             framed_stdin: config.exec_v4_compatible,
+            registry: crate::snapshot::Registry::of(&config)?,
             config,
             runs: Arc::default(),
-        }
+        })
     }
 
     /// The registry constructor (see the crate docs for the keys).
@@ -362,7 +446,23 @@ impl K8sConfig {
                 .take_parsed::<bool>("exec_v4_compatible")?
                 .unwrap_or(false),
             workspace_volume: workspace_volume(config)?,
+            snapshot_registry: match config.take("snapshot_registry") {
+                None => None,
+                Some(repository) => Some(SnapshotRegistry {
+                    repository,
+                    plain_http: config
+                        .take_parsed::<bool>("snapshot_registry_plain_http")?
+                        .unwrap_or(false),
+                }),
+            },
         };
+        if k8s.snapshot_registry.is_none() && config.take("snapshot_registry_plain_http").is_some()
+        {
+            return Err(config_error(
+                "snapshot_registry_plain_http",
+                "applies only with snapshot_registry".into(),
+            ));
+        }
         Ok(k8s)
     }
 }

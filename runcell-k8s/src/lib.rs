@@ -21,7 +21,8 @@
 //! `image_pull_secrets` (`name,name`), `ready_timeout_secs`, `sync_workspace_on_stop`,
 //! `wait_unschedulable`, `exec_v4_compatible`, and the workspace's volume: `workspace_claim` (an existing claim) or a per-run claim
 //! with `workspace_size`, `workspace_storage_class`, `workspace_keep`; see
-//! [`WorkspaceVolume`]). The cluster comes from `KUBECONFIG`, `~/.kube/config` or the
+//! [`WorkspaceVolume`]; snapshots: `snapshot_registry` (`host:port/repository`) and
+//! `snapshot_registry_plain_http`, see [`SnapshotRegistry`]). The cluster comes from `KUBECONFIG`, `~/.kube/config` or the
 //! in-cluster service account.
 //!
 //! The driver is a [`runcell_core::raw::Backend`]: everything shared (validation,
@@ -87,6 +88,7 @@ mod exec;
 mod files;
 mod pod;
 mod readiness;
+mod snapshot;
 mod volume;
 
 use std::collections::{BTreeMap, HashMap};
@@ -103,7 +105,7 @@ use runcell_core::{
     ByteStream, Bytes, Capabilities, Error, ErrorKind, ExecSpec, Progress, Result, RunInfo,
 };
 
-pub use config::{DEFAULT_WORKSPACE_SIZE, K8sConfig, WorkspaceVolume};
+pub use config::{DEFAULT_WORKSPACE_SIZE, K8sConfig, SnapshotRegistry, WorkspaceVolume};
 pub use exec::{WRAPPER, header, sh_quote};
 pub use pod::{
     CONTAINER, KEEPALIVE, PodTemplate, WORKSPACE_KEPT_LABEL, ca_secret_name, run_objects,
@@ -127,6 +129,8 @@ pub struct K8sDriver {
     framed_stdin: bool,
     /// What the driver keeps of each run it created or attached, shared by its clones.
     runs: Arc<Mutex<HashMap<String, Arc<RunState>>>>,
+    /// The snapshot registry's client ([`K8sConfig::snapshot_registry`]).
+    registry: Option<snapshot::Registry>,
 }
 
 impl std::fmt::Debug for K8sDriver {
@@ -176,6 +180,14 @@ impl RunState {
             .flat_map(|c| c.volume_mounts.iter().flatten())
             .find(|m| m.name == pod::WORKSPACE_VOLUME)
             .map(|m| m.mount_path.clone())
+            .or_else(|| {
+                // A run from a snapshot: its workspace is in its own filesystem.
+                pod.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(snapshot::WORKSPACE_ANNOTATION)
+                    .cloned()
+            })
             .unwrap_or_else(|| runcell_core::DEFAULT_WORKSPACE_PATH.into());
         let host_dir = pod
             .metadata
@@ -271,6 +283,28 @@ impl Backend for K8sDriver {
             .system_trust_store(true)
             .pool(true)
             .pool_relabel(true)
+            .snapshots_with_helper(self.registry.is_some())
+    }
+
+    fn snapshot_base(&self) -> bool {
+        self.registry.is_some()
+    }
+
+    async fn snapshot_target(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        run: &dyn runcell_core::raw::RunFiles,
+    ) -> Result<runcell_core::Snapshot> {
+        self.snapshot_pod(id, labels, run).await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<runcell_core::Snapshot>> {
+        self.list_registry_snapshots().await
+    }
+
+    async fn remove_snapshot(&self, id: &str) -> Result<()> {
+        self.remove_registry_snapshot(id).await
     }
 
     async fn create_target(&self, plan: &Plan<'_>) -> Result<()> {
@@ -278,6 +312,10 @@ impl Backend for K8sDriver {
         // A bad name or size, or an existing claim that is not there: before anything is
         // created.
         self.check_workspace_volume().await?;
+        if let Some(snapshot) = &spec.from_snapshot {
+            self.check_from_snapshot(spec)?;
+            self.check_snapshot_image(snapshot, &spec.image).await?;
+        }
         let (mut pod, secret) = run_objects(
             spec,
             id,
@@ -289,7 +327,9 @@ impl Backend for K8sDriver {
         if plan.pool.is_some() {
             pod::add_ca_dir(&mut pod);
         }
-        if let Some(claim) = self.workspace_claim(id) {
+        if spec.from_snapshot.is_some() {
+            pod::workspace_in_image(&mut pod, &spec.workspace.path);
+        } else if let Some(claim) = self.workspace_claim(id) {
             pod::workspace_on_claim(&mut pod, &claim.name);
         }
         self.remember(

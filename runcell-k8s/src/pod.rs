@@ -87,6 +87,28 @@ pub fn workspace_on_claim(pod: &mut Pod, claim: &str) {
     }
 }
 
+/// A pod of a run from a snapshot: its workspace at `path` is the image's (the snapshot
+/// carries it; no volume over it, copy on write like the rest of the image), recorded in
+/// an annotation, and its image, named by digest, is pulled when the node lacks it.
+pub fn workspace_in_image(pod: &mut Pod, path: &str) {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(crate::snapshot::WORKSPACE_ANNOTATION.into(), path.into());
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    if let Some(volumes) = spec.volumes.as_mut() {
+        volumes.retain(|v| v.name != WORKSPACE_VOLUME);
+    }
+    for c in &mut spec.containers {
+        if let Some(mounts) = c.volume_mounts.as_mut() {
+            mounts.retain(|m| m.name != WORKSPACE_VOLUME);
+        }
+        c.image_pull_policy = Some("IfNotPresent".into());
+    }
+}
+
 /// The claim a pod's workspace is on, if it is on one.
 pub fn workspace_claim_of(pod: &Pod) -> Option<&str> {
     pod.spec

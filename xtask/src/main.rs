@@ -7,13 +7,14 @@ mod engine;
 mod images;
 mod k8s;
 mod podman;
+mod registry;
 mod suites;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -273,8 +274,10 @@ fn run(task: Task) -> Result<()> {
                 suites::Value::Lit(s) => s.to_string(),
                 suites::Value::PodmanHost => podman_host.clone(),
                 suites::Value::RootlessHost => rootless_host.clone(),
-                suites::Value::Kubeconfig => {
-                    unreachable!("no kubeconfig outside the cluster's phases")
+                other @ (suites::Value::Kubeconfig
+                | suites::Value::SnapshotRegistry
+                | suites::Value::RegistryImage) => {
+                    unreachable!("{other:?} outside the cluster's phases")
                 }
             };
             let docker_sessions = suites_side_by_side(&suites_of(
@@ -351,9 +354,12 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
     let restricted = restricted.to_str().context("a UTF-8 kubeconfig path")?;
     let targets = suite_targets();
     let session_env = [(SESSION_ENV, session.to_string())];
+    let registry = registry::Registry::start(images::BUSYBOX)?;
     let value = |v: suites::Value| match v {
         suites::Value::Lit(s) => s.to_string(),
         suites::Value::Kubeconfig => restricted.to_string(),
+        suites::Value::SnapshotRegistry => registry.snapshots(),
+        suites::Value::RegistryImage => registry.base.clone(),
         other => unreachable!("{other:?} in a cluster phase"),
     };
     let mut sessions = suites_side_by_side(&suites_of(
@@ -371,6 +377,9 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
     for sub in sessions {
         k8s::assert_no_leftovers(admin, &sub)?;
     }
+    let tags = registry.snapshot_tags()?;
+    ensure!(tags.is_empty(), "snapshots left in the registry: {tags:?}");
+    drop(registry);
     // The `sandbox` CLI on the cluster, as the same restricted ServiceAccount.
     cargo(
         &["test", "--quiet", "-p", "runcell-cli", "--test", "k8s"],
@@ -382,7 +391,7 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
     )?;
     // Private pulls through imagePullSecrets from registries on loopback, HTTP and HTTPS
     // with a CA of their own that the test makes the node trust in its registry hosts
-    // directory. (Each pushes an image ID of its own: pulling the suite image's ID under
+    // directory; snapshots to registries that refuse or die. (Each pushes an image ID of its own: pulling the suite image's ID under
     // another name made containerd 1.6's CRI image store lose the imported
     // sandbox-test/busybox:latest.)
     let hosts = k8s::registry_hosts_dir();
@@ -394,6 +403,8 @@ fn k8s_tests(admin: &Path, session: &str) -> Result<()> {
             "runcell-k8s",
             "--test",
             "private_pull",
+            "--test",
+            "snapshot_registry",
         ],
         &[
             ("KUBECONFIG", restricted),

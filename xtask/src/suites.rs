@@ -28,6 +28,10 @@ pub enum Value {
     RootlessHost,
     /// The cluster's restricted kubeconfig.
     Kubeconfig,
+    /// The loopback registry's snapshot repository (`registry.rs`).
+    SnapshotRegistry,
+    /// The suite's image as pushed to that registry (the base of snapshots).
+    RegistryImage,
 }
 
 /// One suite.
@@ -45,7 +49,7 @@ pub struct SuiteDef {
     pub user: Option<&'static str>,
 }
 
-use Value::{Kubeconfig, Lit, PodmanHost, RootlessHost};
+use Value::{Kubeconfig, Lit, PodmanHost, RegistryImage, RootlessHost, SnapshotRegistry};
 
 const OURS: &str = "runcell-conformance";
 const HOST: &str = "RUNCELL_DOCKER_HOST";
@@ -58,6 +62,11 @@ const IDLE_ENV: &str = "RUNCELL_CONFORMANCE_IDLE_SECS";
 /// Twice the test node's `streamingConnectionIdleTimeout` (30 s, `realnode.sh`): the
 /// helper suites show that a held stream outlives it.
 const NODE_IDLE_TWICE: &str = "65";
+/// Snapshots on Kubernetes: the registry they are pushed to, over plain HTTP.
+const SNAPSHOT_REGISTRY: &str = "RUNCELL_K8S_SNAPSHOT_REGISTRY";
+const SNAPSHOT_PLAIN_HTTP: &str = "RUNCELL_K8S_SNAPSHOT_REGISTRY_PLAIN_HTTP";
+/// The suite's image.
+const IMAGE_ENV: &str = "RUNCELL_CONFORMANCE_IMAGE";
 
 /// Every suite.
 pub const SUITES: &[SuiteDef] = &[
@@ -104,7 +113,9 @@ pub const SUITES: &[SuiteDef] = &[
             &[(HOST, RootlessHost), (HELPER_ENV, Lit("auto"))],
         )
     },
-    // The cluster, on both exec protocol versions, helper and plain; pooled runs.
+    // The cluster, on both exec protocol versions, helper and plain; pooled runs. Through
+    // the helper with snapshots: runs pulled from a registry on loopback, snapshots pushed
+    // to it.
     suite(
         "k8s/helper",
         "k8s",
@@ -114,6 +125,9 @@ pub const SUITES: &[SuiteDef] = &[
             (KUBECONFIG, Kubeconfig),
             (HELPER_ENV, Lit("required")),
             (IDLE_ENV, Lit(NODE_IDLE_TWICE)),
+            (SNAPSHOT_REGISTRY, SnapshotRegistry),
+            (SNAPSHOT_PLAIN_HTTP, Lit("true")),
+            (IMAGE_ENV, RegistryImage),
         ],
     ),
     suite(

@@ -271,6 +271,26 @@ fn data_state(size: u64, meta: Option<(u8, Vec<u8>)>) -> CheckState {
     }
 }
 
+/// A stream error with the entry it came in, keeping the error itself as its source (a
+/// typed error inside it stays reachable).
+#[derive(Debug)]
+struct While {
+    message: String,
+    source: std::io::Error,
+}
+
+impl std::fmt::Display for While {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for While {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 /// `tar` passed through a [`TarCheck`]: the same bytes, but a stream that ends before its
 /// end-of-archive, inside an entry, or with a malformed header fails with an error naming
 /// the entry, instead of ending. An error of `tar` itself is passed on with the entry it
@@ -290,7 +310,8 @@ pub fn checked_tar_stream(tar: ByteStream) -> ByteStream {
                 {
                     e
                 } else {
-                    std::io::Error::new(e.kind(), format!("{e} (while reading {})", check.entry()))
+                    let message = format!("{e} (while reading {})", check.entry());
+                    std::io::Error::new(e.kind(), While { message, source: e })
                 };
                 Some((Err(e), None))
             }

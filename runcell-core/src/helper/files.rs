@@ -265,7 +265,7 @@ pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream
         Ok(other) => return Err(lost(format!("unexpected answer to a GET: {other:?}"))),
         Err(_) => return Err(lost("the helper did not answer a GET in time".into())),
     };
-    Ok(archive(slot, Some(first), events, "get_archive"))
+    Ok(archive(slot, Some(first), events, ("get", "get_archive")))
 }
 
 /// Records the run's base listing (`BASE`), which its snapshot layers are taken against
@@ -328,7 +328,7 @@ pub(crate) async fn layer(session: &Arc<Session>, workspace: &str) -> Result<Byt
             .with_operation("read the run's changes"));
         }
     };
-    Ok(archive(slot, first, events, "a snapshot layer"))
+    Ok(archive(slot, first, events, ("layer", "a snapshot layer")))
 }
 
 /// The archive of a `GET` or `LAYER` whose first entry came (`None`: it ended with
@@ -337,7 +337,7 @@ fn archive(
     slot: tokio::sync::OwnedSemaphorePermit,
     first: Option<Entry>,
     events: Receiver,
-    what: &'static str,
+    (op, what): (&'static str, &'static str),
 ) -> ByteStream {
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
     tokio::task::spawn_blocking(move || {
@@ -350,7 +350,7 @@ fn archive(
         // On failure `events` is dropped before its last event: the helper is told to
         // abandon the GET. The archive's end is written only after the helper's `DONE`:
         // a failed GET is an error item, never a complete-looking shorter archive.
-        if let Err(e) = write_tar(first, events, &mut out) {
+        if let Err(e) = write_tar(first, events, &mut out, op) {
             tracing::debug!("{what} through the helper failed: {e}");
             let _ = tx.blocking_send(Err(e));
         }
@@ -392,10 +392,15 @@ impl io::Write for ChannelWriter {
     }
 }
 
-fn write_tar(first: Option<Entry>, events: Receiver, out: &mut ChannelWriter) -> io::Result<()> {
+fn write_tar(
+    first: Option<Entry>,
+    events: Receiver,
+    out: &mut ChannelWriter,
+    op: &'static str,
+) -> io::Result<()> {
     let mut builder = tar::Builder::new(io::BufWriter::with_capacity(proto::CHUNK, out));
     builder.follow_symlinks(false);
-    match write_entries(&mut builder, first, events) {
+    match write_entries(&mut builder, first, events, op) {
         Ok(()) => io::Write::flush(&mut builder.into_inner()?),
         Err(e) => {
             // Dropping the builder would write the end-of-archive (and the buffer would be
@@ -412,6 +417,7 @@ fn write_entries(
     builder: &mut tar::Builder<impl io::Write>,
     first: Option<Entry>,
     mut events: Receiver,
+    op: &'static str,
 ) -> io::Result<()> {
     if first.is_none() {
         return Ok(());
@@ -439,8 +445,8 @@ fn write_entries(
                     e
                 }
                 Some(Event::Done) => break,
-                Some(Event::FileFailed(_, p, msg)) => {
-                    return Err(io::Error::other(format!("{p}: {msg}")));
+                Some(Event::FileFailed(kind, p, msg)) => {
+                    return Err(failed_midway(kind, &p, &msg, op));
                 }
                 Some(Event::Lost(why)) => {
                     return Err(named(
@@ -525,6 +531,7 @@ fn write_entries(
                     left: entry.size,
                     pending: Bytes::new(),
                     path: &last,
+                    op,
                 };
                 builder.append_data(&mut header, &path, data)?;
             }
@@ -539,6 +546,16 @@ fn write_entries(
     Ok(())
 }
 
+/// A `FILE_ERROR` after the first entry, as the archive's error item: for a snapshot
+/// walk the typed error (a name a layer cannot carry is `Unsupported`) inside it.
+fn failed_midway(kind: FileError, path: &str, message: &str, op: &'static str) -> io::Error {
+    if op == "layer" {
+        io::Error::other(file_error(kind, path, message, op))
+    } else {
+        io::Error::other(format!("{path}: {message}"))
+    }
+}
+
 /// One file's data, read from `STDOUT` frames, returning credit as it goes.
 struct Data<'a> {
     events: &'a mut Receiver,
@@ -546,6 +563,8 @@ struct Data<'a> {
     pending: Bytes,
     /// The file's path in the archive, for messages.
     path: &'a str,
+    /// `get` or `layer` (see [`failed_midway`]).
+    op: &'static str,
 }
 
 impl Read for Data<'_> {
@@ -559,8 +578,8 @@ impl Read for Data<'_> {
                     self.events.give_credit(b.len());
                     self.pending = b;
                 }
-                Some(Event::FileFailed(_, p, msg)) => {
-                    return Err(io::Error::other(format!("{p}: {msg}")));
+                Some(Event::FileFailed(kind, p, msg)) => {
+                    return Err(failed_midway(kind, &p, &msg, self.op));
                 }
                 Some(Event::Lost(why)) => {
                     return Err(io::Error::other(format!(

@@ -38,6 +38,7 @@ pub struct Registry {
     child: std::process::Child,
     pub port: u16,
     _dir: tempfile::TempDir,
+    config: std::path::PathBuf,
 }
 
 impl Registry {
@@ -52,7 +53,17 @@ impl Registry {
         Registry::start_with(false, None)
     }
 
+    /// Without auth or TLS, with `storage` added to its storage settings (YAML lines
+    /// indented by two: `  delete:\n    enabled: true\n`).
+    pub fn open_with(storage: &str) -> Registry {
+        Registry::start_full(false, None, storage)
+    }
+
     fn start_with(auth: bool, tls: Option<&std::path::Path>) -> Registry {
+        Registry::start_full(auth, tls, "")
+    }
+
+    fn start_full(auth: bool, tls: Option<&std::path::Path>, storage: &str) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let htpasswd = dir.path().join("htpasswd");
         let hash = bcrypt::hash(PASSWORD, 5).unwrap();
@@ -66,7 +77,7 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{}{}",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n{storage}http:\n  addr: 127.0.0.1:{port}\n{}{}",
                 dir.path().join("data").display(),
                 tls.map(|d| format!(
                     "  tls:\n    certificate: {}\n    key: {}\n",
@@ -85,18 +96,19 @@ impl Registry {
             ),
         )
         .unwrap();
-        let child = Command::new(REGISTRY)
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = serve(&config);
         let registry = Registry {
             child,
             port,
             _dir: dir,
+            config,
         };
+        registry.wait_listening();
+        registry
+    }
+
+    fn wait_listening(&self) {
+        let port = self.port;
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -105,8 +117,35 @@ impl Registry {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        registry
     }
+
+    /// Kills it (SIGKILL: no request it was serving ends well).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Where it keeps what was pushed.
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self._dir.path().join("data")
+    }
+
+    /// Starts it again on the same port and storage.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = serve(&self.config);
+        self.wait_listening();
+    }
+}
+
+fn serve(config: &Path) -> std::process::Child {
+    Command::new(REGISTRY)
+        .arg("serve")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 impl Drop for Registry {

@@ -1,0 +1,212 @@
+//! Kubernetes snapshots against snapshot registries that fail (Debian's `docker-registry`
+//! on loopback): one nobody listens on, one that refuses pushes (read-only), one killed
+//! while the layer is pushed. Each snapshot is a typed error, and none is ever listed:
+//! the manifest, which makes a snapshot, is pushed last. Once the killed registry is back,
+//! a snapshot works, and its removal leaves no tag. The runs start from an image the node
+//! pulls from a registry of the test's own (a snapshot's base must come from a registry).
+//!
+//! Runs when `RUNCELL_TEST` names `k8s` (or, with it unset, when `KUBECONFIG` is set);
+//! `cargo xtask test` runs it in its Kubernetes phase. Selected but without the registry
+//! binary: a failure when `CI` is set or `RUNCELL_REQUIRE` names `k8s`.
+
+#[path = "../../runcell-docker/tests/common/registry.rs"]
+mod registry;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use registry::{REGISTRY, Registry, push_test_image};
+use runcell_core::{Driver, DriverExt, ErrorKind, ExecSpec, Run, RunExt, RunSpec, SnapshotOptions};
+use runcell_k8s::{K8sConfig, K8sDriver, SnapshotRegistry};
+
+const CASE: &str = "k8s-snapshot-registry";
+const DELETES: &str = "  delete:\n    enabled: true\n";
+const READ_ONLY: &str = "  maintenance:\n    readonly:\n      enabled: true\n";
+
+fn strict() -> bool {
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    ci || runcell_core::envvar::var("RUNCELL_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|d| d.trim() == "k8s")
+}
+
+fn selected() -> bool {
+    match runcell_core::envvar::var("RUNCELL_TEST") {
+        Some(t) if !t.is_empty() => t.split(',').any(|d| d.trim() == "k8s"),
+        _ => std::env::var_os("KUBECONFIG").is_some(),
+    }
+}
+
+/// Runs `script` in `run`; it must succeed.
+async fn sh(run: &dyn Run, script: &str) {
+    let out = run.exec(ExecSpec::new(["sh", "-c", script])).await.unwrap();
+    assert!(out.status.success(), "{script}: {out:?}");
+}
+
+async fn driver_to(repository: String) -> K8sDriver {
+    K8sDriver::connect(
+        K8sConfig::default().snapshot_registry(SnapshotRegistry::new(repository).plain_http(true)),
+    )
+    .await
+    .expect("a cluster (KUBECONFIG)")
+}
+
+/// The snapshot tags of `repo` in the registry on `port` (none when it has no such
+/// repository).
+async fn tags(port: u16, repo: &str) -> Vec<String> {
+    let url = format!("http://127.0.0.1:{port}/v2/{repo}/tags/list");
+    let answer = reqwest::get(&url).await.expect("the registry answers");
+    if answer.status().as_u16() == 404 {
+        return Vec::new();
+    }
+    let json: serde_json::Value = answer.json().await.expect("a tag list");
+    json["tags"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_registry_that_refuses_or_dies_leaves_no_snapshot() {
+    const TEST: &str = "a_registry_that_refuses_or_dies_leaves_no_snapshot";
+    if !selected() {
+        eprintln!("*** SKIPPED {TEST}: not selected (RUNCELL_TEST=k8s)");
+        return;
+    }
+    if !std::path::Path::new(REGISTRY).exists() {
+        assert!(
+            !strict(),
+            "{REGISTRY} is missing: apt-get install docker-registry"
+        );
+        eprintln!("*** SKIPPED {TEST}: {REGISTRY} is missing");
+        return;
+    }
+    // `RUST_LOG=runcell_k8s=debug` shows the snapshots' phases.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let bases = Registry::open_with(DELETES);
+    let (image, local) = push_test_image(&format!("127.0.0.1:{}", bases.port), "snapbase");
+    let spec = RunSpec::new(image).label("sandbox.test/case", CASE);
+    let result = tokio::spawn(check(spec)).await;
+    // Every run was stopped: its pod goes (deleted at once, gone a moment later).
+    let driver = K8sDriver::connect(K8sConfig::default()).await.unwrap();
+    let selector = BTreeMap::from([("sandbox.test/case".to_string(), CASE.to_string())]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let leftover = loop {
+        let left = driver.list(&selector).await.unwrap();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    for run in &leftover {
+        let _ = driver.remove(&run.id).await;
+    }
+    local.remove();
+    drop(bases);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+    assert!(leftover.is_empty(), "runs left: {leftover:?}");
+}
+
+async fn check(spec: RunSpec) {
+    // Nobody listens: Unavailable, naming the registry.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let driver = driver_to(format!("127.0.0.1:{nobody}/snaps")).await;
+    let run = driver
+        .start(&spec)
+        .await
+        .expect("a run from the pulled image");
+    sh(&*run, "echo changed > /usr/local/changed").await;
+    let e = run
+        .snapshot(SnapshotOptions::default())
+        .await
+        .expect_err("a snapshot to a registry nobody listens on");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("snapshot registry"), "{e}");
+    run.stop().await.unwrap();
+
+    eprintln!("snapshot_registry: nobody listens: ok");
+    // Pushes refused (read-only): an error, and nothing listed or tagged.
+    let read_only = Registry::open_with(READ_ONLY);
+    let driver = driver_to(format!("127.0.0.1:{}/snaps", read_only.port)).await;
+    let run = driver.start(&spec).await.unwrap();
+    sh(&*run, "echo changed > /usr/local/changed").await;
+    let e = run
+        .snapshot(SnapshotOptions::default())
+        .await
+        .expect_err("a snapshot to a read-only registry");
+    assert!(e.to_string().contains("snapshot registry: pushing"), "{e}");
+    assert!(driver.snapshots().await.unwrap().is_empty());
+    assert!(tags(read_only.port, "snaps").await.is_empty());
+    run.stop().await.unwrap();
+
+    eprintln!("snapshot_registry: read-only: ok");
+    // Killed while the layer is pushed: an error; back up, nothing was made; then a
+    // snapshot works and its removal leaves no tag.
+    let mut dying = Registry::open_with(DELETES);
+    let driver = driver_to(format!("127.0.0.1:{}/snaps", dying.port)).await;
+    let run = driver.start(&spec).await.unwrap();
+    sh(&*run, "head -c 100000000 /dev/urandom > /usr/local/big").await;
+    let uploads = dying
+        .data_dir()
+        .join("docker/registry/v2/repositories/snaps/_uploads");
+    let taking = {
+        let run_ref = &*run;
+        async move { run_ref.snapshot(SnapshotOptions::default()).await }
+    };
+    let watch = async {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let started = std::fs::read_dir(&uploads).is_ok_and(|mut d| d.next().is_some());
+            if started {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no upload began in 120 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::pin!(taking);
+    let outcome = tokio::select! {
+        made = &mut taking => Some(made),
+        () = watch => None,
+    };
+    assert!(
+        outcome.is_none(),
+        "the snapshot ended before any upload: {outcome:?}"
+    );
+    eprintln!("snapshot_registry: an upload began");
+    dying.kill();
+    let e = taking
+        .await
+        .expect_err("a snapshot whose registry died while it pushed");
+    assert!(e.to_string().contains("snapshot registry"), "{e}");
+    eprintln!("snapshot_registry: killed midway: {e}");
+    dying.restart();
+    eprintln!("snapshot_registry: restarted");
+    assert!(driver.snapshots().await.unwrap().is_empty());
+    assert!(tags(dying.port, "snaps").await.is_empty());
+    eprintln!("snapshot_registry: nothing listed");
+    let made = run
+        .snapshot(SnapshotOptions::default())
+        .await
+        .expect("a snapshot once the registry is back");
+    eprintln!("snapshot_registry: made {}", made.id);
+    assert_eq!(tags(dying.port, "snaps").await, vec![made.id.clone()]);
+    run.stop().await.unwrap();
+    driver.remove_snapshot(&made.id).await.unwrap();
+    assert!(tags(dying.port, "snaps").await.is_empty());
+    assert!(driver.snapshots().await.unwrap().is_empty());
+}
