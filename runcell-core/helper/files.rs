@@ -41,7 +41,7 @@ use crate::flow::Flow;
 use crate::link::Link;
 use crate::proto::{
     CHUNK, DIRECTORY, Entry, FIFO, FileError, HARDLINK, HOLE_BLOCK, LINK_TARGET, MAX_GET_LINKS,
-    REGULAR, STDOUT, SYMLINK,
+    MAX_WALK_DEPTH, REGULAR, STDOUT, SYMLINK,
 };
 use crate::sys::{self, O_CLOEXEC, O_CREAT, O_DIRECTORY, O_EXCL, O_NOFOLLOW, O_PATH, O_WRONLY};
 use crate::sys::{EINVAL, ELOOP, ENOENT, ENOTDIR};
@@ -877,6 +877,9 @@ pub(crate) struct Name {
     /// False when the listing said it is no directory (a walk that needs no
     /// [`Visit::leaf`] then never opens it).
     pub(crate) maybe_dir: bool,
+    /// True when the listing said it is a socket or a device (no entry type of a
+    /// `GET`'s).
+    pub(crate) special: bool,
 }
 
 /// What a walk does with what it meets.
@@ -922,8 +925,10 @@ fn list(f: &File, rel: &[u8], budget: usize) -> Result<Vec<Name>, GetEnd> {
     let mut cost = 0usize;
     for e in fs::read_dir(format!("/proc/self/fd/{}", f.as_raw_fd())).map_err(fail)? {
         let e = e.map_err(fail)?;
+        let ft = e.file_type();
         let n = Name {
-            maybe_dir: !e.file_type().is_ok_and(|t| !t.is_dir()),
+            maybe_dir: !ft.as_ref().is_ok_and(|t| !t.is_dir()),
+            special: ft.is_ok_and(|t| t.is_socket() || t.is_block_device() || t.is_char_device()),
             name: e.file_name().into_encoded_bytes(),
         };
         cost = cost.saturating_add(name_cost(&n));
@@ -955,8 +960,9 @@ struct Level {
 /// Walks from `start` (what `rel` names, opened `O_PATH`, with its metadata) depth
 /// first, each directory's names in order, telling `v` what it meets. Every entry is
 /// opened from its directory's held descriptor with nothing followed; one removed before
-/// it was opened is skipped. Bounded: the path ([`MAX_WALK_PATH`]) and the names held
-/// ([`MAX_WALK_NAMES`]); a descriptor is held per directory it is inside of.
+/// it was opened is skipped. Bounded: the path ([`MAX_WALK_PATH`]), the names held
+/// ([`MAX_WALK_NAMES`]) and the depth ([`MAX_WALK_DEPTH`]: a descriptor is held per
+/// directory it is inside of).
 pub(crate) fn walk(
     v: &mut impl Visit,
     start: File,
@@ -1026,6 +1032,13 @@ pub(crate) fn walk(
         }
         if !v.enter(&met)? {
             continue;
+        }
+        if stack.len() >= MAX_WALK_DEPTH {
+            return Err(GetEnd::Failed(
+                FileError::Other,
+                rel[..rel.len().min(4096)].to_vec(),
+                format!("directories nested deeper than a walk goes ({MAX_WALK_DEPTH} levels)"),
+            ));
         }
         let mut names = list(&f, &rel, MAX_WALK_NAMES - held)?;
         v.listed(&met, &mut names)?;

@@ -28,13 +28,15 @@ use crate::sys::{self, O_CLOEXEC, O_CREAT, O_EXCL, O_NOFOLLOW, O_PATH, O_WRONLY}
 use crate::{daemon, file_error_kind, lock};
 
 /// The base listing's first line, up to T0.
-const MAGIC: &[u8] = b"runcell-base 1 ";
+const MAGIC: &[u8] = b"runcell-base 2 ";
 /// The longest first line.
 const MAX_HEADER: usize = 64;
 /// The most of `/proc/self/mountinfo` read.
 const MAX_MOUNTINFO: u64 = 16 << 20;
 /// The prefix of a whiteout's name.
 const WHITEOUT: &[u8] = b".wh.";
+/// The opaque whiteout: the directory it is in hides what lower layers hold in it.
+const OPAQUE: &[u8] = b".wh..wh..opq";
 /// Paths below `/` never walked (besides mount points and the helper's directories).
 const SYSTEM: [&str; 3] = ["proc", "sys", "dev"];
 
@@ -163,14 +165,22 @@ fn unescape(field: &[u8]) -> Vec<u8> {
 
 // ---- The base listing --------------------------------------------------------------------
 
-/// A base listing, read back: T0 and, per directory, the names it held.
+/// A directory of a base listing: its path's and its names' ranges in the listing's
+/// data (each name ended by a NUL), and its (device, inode).
+struct BaseDir {
+    path: (u32, u32),
+    names: (u32, u32),
+    id: (u64, u64),
+}
+
+/// A base listing, read back: T0 and, per directory, its (device, inode) and the names
+/// it held.
 pub(crate) struct Base {
     /// T0: seconds and nanoseconds since the epoch.
     t0: (i64, i64),
     data: Vec<u8>,
-    /// Per directory, sorted by path: its path's and its names' ranges in `data` (each
-    /// name ended by a NUL).
-    dirs: Vec<(u32, u32, u32, u32)>,
+    /// Per directory, sorted by path.
+    dirs: Vec<BaseDir>,
 }
 
 impl Base {
@@ -190,7 +200,7 @@ impl Base {
             .and_then(|t| t.split_once(' '))
             .and_then(|(s, n)| Some((s.parse::<i64>().ok()?, n.parse::<i64>().ok()?)))
             .filter(|(_, n)| (0..1_000_000_000).contains(n))
-            .ok_or("not a base listing of version 1")?;
+            .ok_or("not a base listing of version 2")?;
         let nul = |from: usize| data[from..].iter().position(|&b| b == 0).map(|i| from + i);
         let mut dirs = Vec::new();
         let mut count = 0usize;
@@ -204,19 +214,35 @@ impl Base {
                     String::from_utf8_lossy(path)
                 ));
             }
-            let first = end + 1;
+            let id_end = nul(end + 1).ok_or("it ends inside a directory's inode")?;
+            let id = std::str::from_utf8(&data[end + 1..id_end])
+                .ok()
+                .and_then(|t| t.split_once(' '))
+                .and_then(|(d, i)| Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?)))
+                .ok_or("a directory's device and inode are not two numbers")?;
+            let first = id_end + 1;
             let mut i = first;
+            let mut prev: Option<(usize, usize)> = None;
             loop {
                 let e = nul(i).ok_or("it ends inside a directory's names")?;
                 if e == i {
                     break;
                 }
-                if !plain_name(&data[i..e]) {
+                let name = &data[i..e];
+                if !plain_name(name) || name.starts_with(WHITEOUT) {
                     return Err(format!(
-                        "a name that is not plain: {:?}",
-                        String::from_utf8_lossy(&data[i..e])
+                        "a name that is not plain or looks like a whiteout: {:?}",
+                        String::from_utf8_lossy(name)
                     ));
                 }
+                // Sorted, each once: as the helper writes them.
+                if prev.is_some_and(|(a, b)| data[a..b] >= *name) {
+                    return Err(format!(
+                        "names out of order or listed twice: {:?}",
+                        String::from_utf8_lossy(name)
+                    ));
+                }
+                prev = Some((i, e));
                 i = e + 1;
                 count += 1;
             }
@@ -225,10 +251,14 @@ impl Base {
                 return Err(format!("more than {MAX_BASE_NAMES} names"));
             }
             // Within MAX_BASE_BYTES: every offset fits.
-            dirs.push((at as u32, end as u32, first as u32, i as u32));
+            dirs.push(BaseDir {
+                path: (at as u32, end as u32),
+                names: (first as u32, i as u32),
+                id,
+            });
             at = i + 1;
         }
-        let path = |d: &(u32, u32, u32, u32)| &data[d.0 as usize..d.1 as usize];
+        let path = |d: &BaseDir| &data[d.path.0 as usize..d.path.1 as usize];
         dirs.sort_unstable_by(|a, b| path(a).cmp(path(b)));
         if dirs.windows(2).any(|w| path(&w[0]) == path(&w[1])) {
             return Err("a directory listed twice".into());
@@ -236,14 +266,25 @@ impl Base {
         Ok(Base { t0, data, dirs })
     }
 
-    /// The names the directory `rel` held, if the listing has it.
-    fn names(&self, rel: &[u8]) -> Option<impl Iterator<Item = &[u8]>> {
+    /// The directory `rel`, if the listing has it.
+    fn dir(&self, rel: &[u8]) -> Option<&BaseDir> {
         let data = &self.data;
         let i = self
             .dirs
-            .binary_search_by(|d| data[d.0 as usize..d.1 as usize].cmp(rel))
+            .binary_search_by(|d| data[d.path.0 as usize..d.path.1 as usize].cmp(rel))
             .ok()?;
-        let (_, _, from, to) = self.dirs[i];
+        Some(&self.dirs[i])
+    }
+
+    /// The (device, inode) the directory `rel` was, if the listing has it.
+    fn id(&self, rel: &[u8]) -> Option<(u64, u64)> {
+        self.dir(rel).map(|d| d.id)
+    }
+
+    /// The names the directory `rel` held, if the listing has it.
+    fn names(&self, rel: &[u8]) -> Option<impl Iterator<Item = &[u8]>> {
+        let data = &self.data;
+        let (from, to) = self.dir(rel)?.names;
         Some(
             data[from as usize..to as usize]
                 .split(|&b| b == 0)
@@ -252,7 +293,8 @@ impl Base {
     }
 }
 
-/// `BASE`'s walk: writes each directory's path and names.
+/// `BASE`'s walk: writes each directory's path, (device, inode) and names (but those
+/// that look like whiteouts: no layer can carry them, nor a base listing).
 struct Record<W: Write> {
     out: W,
     skips: Skips,
@@ -276,9 +318,11 @@ impl<W: Write> Visit for Record<W> {
     fn listed(&mut self, m: &Met<'_>, names: &mut Vec<Name>) -> Result<(), GetEnd> {
         let (skips, scratch) = (&self.skips, &mut self.scratch);
         names.retain(|n| !skips.has(join(scratch, m.rel, &n.name)));
+        let id = format!("{} {}\0", m.md.dev(), m.md.ino());
         self.count += 1 + names.len();
         self.bytes +=
-            (m.rel.len() + 2 + names.iter().map(|n| n.name.len() + 1).sum::<usize>()) as u64;
+            (m.rel.len() + 2 + id.len() + names.iter().map(|n| n.name.len() + 1).sum::<usize>())
+                as u64;
         if self.count > MAX_BASE_NAMES || self.bytes > MAX_BASE_BYTES {
             return Err(GetEnd::Failed(
                 FileError::Other,
@@ -292,7 +336,8 @@ impl<W: Write> Visit for Record<W> {
         let write = |out: &mut W| -> io::Result<()> {
             out.write_all(m.rel)?;
             out.write_all(&[0])?;
-            for n in names.iter() {
+            out.write_all(id.as_bytes())?;
+            for n in names.iter().filter(|n| !n.name.starts_with(WHITEOUT)) {
                 out.write_all(&n.name)?;
                 out.write_all(&[0])?;
             }
@@ -343,7 +388,7 @@ pub(crate) fn record(dir: &File, root: &[u8], skips: Skips, t0: (i64, i64)) -> R
     let file = File::from(file);
     let done = (|| {
         let mut out = BufWriter::with_capacity(256 * 1024, &file);
-        out.write_all(format!("runcell-base 1 {} {}\n", t0.0, t0.1).as_bytes())
+        out.write_all(format!("runcell-base 2 {} {}\n", t0.0, t0.1).as_bytes())
             .map_err(|e| write_failed(&e))?;
         let mut rec = Record {
             out,
@@ -414,8 +459,8 @@ pub(crate) fn read_base(dir: &File) -> Result<Base, GetEnd> {
 
 // ---- The layer ---------------------------------------------------------------------------
 
-/// `LAYER`'s walk: sends what changed since T0, the workspace (a mount point) whole, and
-/// whiteouts.
+/// `LAYER`'s walk: sends what changed since T0, directories the base listing does not
+/// have (as they are now) whole, the workspace (a mount point) whole, and whiteouts.
 struct Changes<'a, 'b> {
     out: Sender<'b>,
     base: &'a Base,
@@ -423,7 +468,17 @@ struct Changes<'a, 'b> {
     root_dev: u64,
     /// The workspace, when it is a mount point (relative to the root).
     workspace: Option<Vec<u8>>,
+    /// The directory being sent whole (a new or moved one), while the walk is in it.
+    whole: Option<Vec<u8>>,
     scratch: Vec<u8>,
+}
+
+/// `rel` is `top` or below it.
+fn within(rel: &[u8], top: Option<&[u8]>) -> bool {
+    top.is_some_and(|w| {
+        rel.strip_prefix(w)
+            .is_some_and(|rest| rest.is_empty() || rest[0] == b'/')
+    })
 }
 
 impl Changes<'_, '_> {
@@ -433,10 +488,13 @@ impl Changes<'_, '_> {
 
     /// `rel` is the workspace or below it.
     fn in_workspace(&self, rel: &[u8]) -> bool {
-        self.workspace.as_deref().is_some_and(|w| {
-            rel.strip_prefix(w)
-                .is_some_and(|rest| rest.is_empty() || rest[0] == b'/')
-        })
+        within(rel, self.workspace.as_deref())
+    }
+
+    /// `rel` is sent whatever its change time: in the workspace or in a directory sent
+    /// whole.
+    fn in_whole(&self, rel: &[u8]) -> bool {
+        self.in_workspace(rel) || within(rel, self.whole.as_deref())
     }
 
     /// `rel` (not the root) is a directory above the workspace.
@@ -444,6 +502,26 @@ impl Changes<'_, '_> {
         self.workspace.as_deref().is_some_and(|w| {
             w.strip_prefix(rel)
                 .is_some_and(|rest| rest.first() == Some(&b'/'))
+        })
+    }
+
+    /// The whiteout of `name` in the directory `rel` (`name` empty: the opaque one).
+    fn whiteout(&mut self, rel: &[u8], name: &[u8], mtime: i64) -> Result<(), GetEnd> {
+        let mut path = Vec::new();
+        if name.is_empty() {
+            join(&mut path, rel, OPAQUE);
+        } else {
+            join(&mut path, rel, &[WHITEOUT, name].concat());
+        }
+        self.out.entry(&Entry {
+            path,
+            kind: REGULAR,
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            mtime,
+            size: 0,
+            link: Vec::new(),
         })
     }
 }
@@ -462,21 +540,64 @@ fn no_whiteout(rel: &[u8]) -> Result<(), GetEnd> {
     Ok(())
 }
 
+/// A socket or a device: no entry of a layer.
+fn special(md: &Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let ft = md.file_type();
+    ft.is_socket() || ft.is_block_device() || ft.is_char_device()
+}
+
 impl Visit for Changes<'_, '_> {
-    /// Another file system than `/` is not walked, except in the workspace.
+    /// Another file system than `/` is not walked but in the workspace; one that is no
+    /// mount point (skipped before) fails the layer: what it holds would be lost.
     fn enter(&mut self, m: &Met<'_>) -> Result<bool, GetEnd> {
-        Ok(m.md.dev() == self.root_dev || self.in_workspace(m.rel))
+        if m.md.dev() == self.root_dev || self.in_workspace(m.rel) {
+            return Ok(true);
+        }
+        Err(GetEnd::Failed(
+            FileError::Other,
+            m.rel.to_vec(),
+            "a directory of another file system that is no mount point (a subvolume?): a layer cannot tell what changed in it".into(),
+        ))
     }
 
     fn listed(&mut self, m: &Met<'_>, names: &mut Vec<Name>) -> Result<(), GetEnd> {
         let (skips, scratch, ws) = (&self.skips, &mut self.scratch, self.workspace.as_deref());
+        // Sockets and devices have no entry: never sent, whited out below when the base
+        // lists their names.
         names.retain(|n| {
             let child = join(scratch, m.rel, &n.name);
-            !skips.has(child) || Some(child) == ws
+            (!skips.has(child) || Some(child) == ws) && !n.special
         });
+        if m.rel.is_empty() {
+            // The root has no entry; it is never sent whole.
+        } else if self.in_whole(m.rel) {
+            no_whiteout(m.rel)?;
+            self.out
+                .entry(&entry_of(m.rel, DIRECTORY, m.md, 0, Vec::new()))?;
+            // Whatever lower layers hold below the workspace is hidden.
+            if Some(m.rel) == self.workspace.as_deref() {
+                self.whiteout(m.rel, b"", m.md.mtime())?;
+            }
+            return Ok(());
+        } else {
+            let was = self.base.id(m.rel);
+            if was != Some((m.md.dev(), m.md.ino())) {
+                // Made or moved here since T0 (rename(2) changes the change time of the
+                // directory moved, not of what it holds): sent whole, what the base had
+                // at its path hidden.
+                no_whiteout(m.rel)?;
+                self.out
+                    .entry(&entry_of(m.rel, DIRECTORY, m.md, 0, Vec::new()))?;
+                if was.is_some() {
+                    self.whiteout(m.rel, b"", m.md.mtime())?;
+                }
+                self.whole = Some(m.rel.to_vec());
+                return Ok(());
+            }
+        }
         let changed = self.changed(m.md);
-        if !m.rel.is_empty() && (changed || self.in_workspace(m.rel) || self.above_workspace(m.rel))
-        {
+        if !m.rel.is_empty() && (changed || self.above_workspace(m.rel)) {
             no_whiteout(m.rel)?;
             self.out
                 .entry(&entry_of(m.rel, DIRECTORY, m.md, 0, Vec::new()))?;
@@ -487,45 +608,49 @@ impl Visit for Changes<'_, '_> {
         let Some(before) = self.base.names(m.rel) else {
             return Ok(());
         };
+        let mut gone = Vec::new();
         for old in before {
             if names
                 .binary_search_by(|n| n.name.as_slice().cmp(old))
-                .is_ok()
+                .is_err()
             {
-                continue;
+                gone.push(old.to_vec());
             }
-            let mut path = Vec::new();
-            join(&mut path, m.rel, &[WHITEOUT, old].concat());
-            self.out.entry(&Entry {
-                path,
-                kind: REGULAR,
-                mode: 0,
-                uid: 0,
-                gid: 0,
-                mtime: m.md.mtime(),
-                size: 0,
-                link: Vec::new(),
-            })?;
+        }
+        for old in gone {
+            self.whiteout(m.rel, &old, m.md.mtime())?;
         }
         Ok(())
     }
 
     fn leaf(&mut self, m: &Met<'_>) -> Result<(), GetEnd> {
-        if !self.changed(m.md) && !self.in_workspace(m.rel) {
+        let changed = self.changed(m.md);
+        if special(m.md) {
+            // One that took its name after the listing said otherwise: whited out (what
+            // the name was before is gone; a whiteout of a name no lower layer has is
+            // harmless).
+            if changed || self.in_whole(m.rel) {
+                let (dir, name) = match m.rel.iter().rposition(|&b| b == b'/') {
+                    Some(i) => (&m.rel[..i], &m.rel[i + 1..]),
+                    None => (&b""[..], m.rel),
+                };
+                self.whiteout(dir, name, m.md.mtime())?;
+            }
             return Ok(());
         }
-        // Only what has an entry (sockets and devices are skipped).
-        let ft = m.md.file_type();
-        if ft.is_file() || ft.is_symlink() || std::os::unix::fs::FileTypeExt::is_fifo(&ft) {
-            no_whiteout(m.rel)?;
+        if !changed && !self.in_whole(m.rel) {
+            return Ok(());
         }
+        // Only what has an entry.
+        no_whiteout(m.rel)?;
         self.out.leaf(m)
     }
 }
 
 /// Sends the layer of the tree at `root` (absolute; `/` but in tests) against `base`:
 /// `workspace` (absolute in that tree, or empty) is sent whole when it is one of
-/// `skips`' mount points.
+/// `skips`' mount points. A workspace that is a fixed skip or below one is refused; one
+/// that is not a directory fails.
 pub(crate) fn send(
     out: Sender<'_>,
     root: &[u8],
@@ -533,24 +658,66 @@ pub(crate) fn send(
     base: &Base,
     workspace: &[u8],
 ) -> Result<(), GetEnd> {
-    let workspace = if workspace.is_empty() {
-        None
+    let (root, md) = open_root(root)?;
+    let rel = if workspace.is_empty() {
+        Vec::new()
     } else {
-        let rel = relative(workspace).ok_or_else(|| {
+        relative(workspace).ok_or_else(|| {
             failed(
                 FileError::Invalid,
                 "the workspace must be an absolute path without `..`",
             )
-        })?;
+        })?
+    };
+    // `/` is no mount point: ordinary root filesystem.
+    let workspace = if rel.is_empty() {
+        None
+    } else {
+        if skips.fixed.iter().any(|f| within(&rel, Some(f))) {
+            return Err(failed(
+                FileError::Invalid,
+                format!(
+                    "the workspace {} is in a directory a layer never holds",
+                    String::from_utf8_lossy(workspace)
+                ),
+            ));
+        }
+        // It must be a directory (no link followed).
+        let mut cur = root
+            .try_clone()
+            .map_err(|e| failed(file_error_kind(&e), e.to_string()))?;
+        for c in rel.split(|&b| b == b'/') {
+            cur = cstr(c)
+                .and_then(|c| open_in(&cur, &c, O_PATH))
+                .map_err(|e| {
+                    let kind = match e.raw_os_error() {
+                        Some(sys::ENOTDIR) | Some(sys::ELOOP) => FileError::NotDir,
+                        _ => file_error_kind(&e),
+                    };
+                    failed(
+                        kind,
+                        format!("the workspace {}: {e}", String::from_utf8_lossy(workspace)),
+                    )
+                })?;
+        }
+        if !cur.metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(failed(
+                FileError::NotDir,
+                format!(
+                    "the workspace {} is not a directory",
+                    String::from_utf8_lossy(workspace)
+                ),
+            ));
+        }
         skips.mounts.contains(&rel).then_some(rel)
     };
-    let (root, md) = open_root(root)?;
     let mut changes = Changes {
         out,
         base,
         skips,
         root_dev: md.dev(),
         workspace,
+        whole: None,
         scratch: Vec::new(),
     };
     files::walk(&mut changes, root, md, Vec::new())
@@ -793,6 +960,8 @@ mod tests {
             got,
             [
                 sent("mnt", DIRECTORY, 0o755, "", ""),
+                // What lower layers held in it is hidden (files deleted from it).
+                sent("mnt/.wh..wh..opq", REGULAR, 0, "", ""),
                 sent("mnt/sub", DIRECTORY, 0o755, "", ""),
                 sent("mnt/sub/w", REGULAR, 0o644, "", "w"),
             ]
@@ -824,7 +993,14 @@ mod tests {
         };
         assert_eq!(
             ws("/x/y/ws"),
-            ["x", "x/y", "x/y/ws", "x/y/ws/z", "x/y/ws/z/f"]
+            [
+                "x",
+                "x/y",
+                "x/y/ws",
+                "x/y/ws/.wh..wh..opq",
+                "x/y/ws/z",
+                "x/y/ws/z/f"
+            ]
         );
         // Not a mount point: ordinary root filesystem, nothing changed.
         assert!(ws("/x/y").is_empty());
@@ -856,18 +1032,26 @@ mod tests {
         let first = t.base();
         let header_end = first.iter().position(|&b| b == b'\n').unwrap();
         let header = std::str::from_utf8(&first[..header_end]).unwrap();
-        assert!(header.starts_with("runcell-base 1 "), "{header}");
+        assert!(header.starts_with("runcell-base 2 "), "{header}");
         let body = &first[header_end + 1..];
+        let id = |rel: &str| {
+            let md = fs::symlink_metadata(t.at(rel)).unwrap();
+            format!("{} {}", md.dev(), md.ino())
+        };
         // Skipped paths are neither walked nor listed; the link is a name.
-        let expected: &[u8] = b"\0a\0b\0del\0hl1\0link\0\0\
-            a\0gone\0keep\0mod\0\0\
-            b\0c\0\0\
-            b/c\0old\0\0\
-            del\0x\0\0";
-        assert_eq!(
-            String::from_utf8_lossy(body),
-            String::from_utf8_lossy(expected)
+        let expected = format!(
+            "\0{}\0a\0b\0del\0hl1\0link\0\0\
+            a\0{}\0gone\0keep\0mod\0\0\
+            b\0{}\0c\0\0\
+            b/c\0{}\0old\0\0\
+            del\0{}\0x\0\0",
+            id(""),
+            id("a"),
+            id("b"),
+            id("b/c"),
+            id("del")
         );
+        assert_eq!(String::from_utf8_lossy(body), expected);
         // Never taken again: the run changed files by then.
         changes(&t);
         t.record().unwrap();
@@ -886,18 +1070,30 @@ mod tests {
         let file = t.tmp.join("d").join(BASE_FILE);
         for bad in [
             &b""[..],
-            b"runcell-base 2 1 0\n",
-            b"runcell-base 1 1\n",
-            b"runcell-base 1 1 1000000000\n",
-            b"runcell-base 1 1 0\n\0a\0",
-            b"runcell-base 1 1 0\n\0a/b\0\0",
-            b"runcell-base 1 1 0\n\0..\0\0",
-            b"runcell-base 1 1 0\n\0.\0\0",
-            b"runcell-base 1 1 0\na/../b\0x\0\0",
-            b"runcell-base 1 1 0\na//b\0x\0\0",
-            b"runcell-base 1 1 0\n/a\0x\0\0",
-            b"runcell-base 1 1 0\na\0x\0\0a\0y\0\0",
-            b"runcell-base 1 1 0\na",
+            b"runcell-base 1 1 0\n",
+            b"runcell-base 3 1 0\n",
+            b"runcell-base 2 1\n",
+            b"runcell-base 2 1 1000000000\n",
+            b"runcell-base 2 1 0\n\x001 2\0a\0",
+            b"runcell-base 2 1 0\n\x001 2\0a/b\0\0",
+            b"runcell-base 2 1 0\n\x001 2\0..\0\0",
+            b"runcell-base 2 1 0\n\x001 2\0.\0\0",
+            b"runcell-base 2 1 0\na/../b\x001 2\0x\0\0",
+            b"runcell-base 2 1 0\na//b\x001 2\0x\0\0",
+            b"runcell-base 2 1 0\n/a\x001 2\0x\0\0",
+            b"runcell-base 2 1 0\na\x001 2\0x\0\0a\x001 2\0y\0\0",
+            b"runcell-base 2 1 0\na",
+            b"runcell-base 2 1 0\na\0",
+            // No (device, inode), or not numbers.
+            b"runcell-base 2 1 0\na\0x\0\0",
+            b"runcell-base 2 1 0\na\x001\0x\0\0",
+            b"runcell-base 2 1 0\na\x001 -2\0x\0\0",
+            b"runcell-base 2 1 0\na\0\0",
+            // Names that look like whiteouts, out of order, or twice.
+            b"runcell-base 2 1 0\n\x001 2\0.wh.x\0\0",
+            b"runcell-base 2 1 0\n\x001 2\0.wh..wh..opq\0\0",
+            b"runcell-base 2 1 0\n\x001 2\0b\0a\0\0",
+            b"runcell-base 2 1 0\n\x001 2\0a\0a\0\0",
         ] {
             fs::write(&file, bad).unwrap();
             let (kind, _, msg) = t.layer("").unwrap_err();
@@ -910,7 +1106,11 @@ mod tests {
         assert!(t.layer("").unwrap_err().2.contains("not a regular file"));
         // A well-formed one: directories in any order, empty ones.
         fs::remove_file(&file).unwrap();
-        fs::write(&file, b"runcell-base 1 1 5\nz\0\0\0q\0\0a\0x\0y\0\0").unwrap();
+        fs::write(
+            &file,
+            b"runcell-base 2 1 5\nz\x003 4\0\0\x001 2\0q\0\0a\x005 6\0x\0y\0\0",
+        )
+        .unwrap();
         let base = read_base(&t.dir()).unwrap();
         assert_eq!(base.t0, (1, 5));
         let names = |rel: &[u8]| {
@@ -921,6 +1121,149 @@ mod tests {
         assert_eq!(names(b"a"), Some(vec![b"x".to_vec(), b"y".to_vec()]));
         assert_eq!(names(b"z"), Some(vec![]));
         assert_eq!(names(b"b"), None);
+        assert_eq!(base.id(b"a"), Some((5, 6)));
+        assert_eq!(base.id(b""), Some((1, 2)));
+    }
+
+    /// Whiteouts and the opaque marker as a layer sends them.
+    fn wh(p: &str) -> Sent {
+        sent(p, REGULAR, 0, "", "")
+    }
+
+    #[test]
+    fn a_directory_moved_or_swapped_is_sent_whole_and_hides_what_was_at_its_path() {
+        let t = Tree::new();
+        initial(&t);
+        t.record().unwrap();
+        // rename(2) changes the moved directory's change time, not its contents'.
+        fs::rename(t.at("b"), t.at("b2")).unwrap();
+        // Swapped: each path now holds the other's directory (another inode).
+        fs::rename(t.at("a"), t.at("tmp")).unwrap();
+        fs::rename(t.at("del"), t.at("a")).unwrap();
+        fs::rename(t.at("tmp"), t.at("del")).unwrap();
+        let got = t.layer("").unwrap();
+        assert_eq!(
+            got,
+            [
+                wh(".wh.b"),
+                sent("a", DIRECTORY, 0o755, "", ""),
+                wh("a/.wh..wh..opq"),
+                sent("a/x", REGULAR, 0o644, "", "x"),
+                // Not in the base listing: nothing below it to hide.
+                sent("b2", DIRECTORY, 0o755, "", ""),
+                sent("b2/c", DIRECTORY, 0o755, "", ""),
+                sent("b2/c/old", REGULAR, 0o644, "", "o"),
+                sent("del", DIRECTORY, 0o755, "", ""),
+                wh("del/.wh..wh..opq"),
+                sent("del/gone", REGULAR, 0o644, "", "g"),
+                sent("del/keep", REGULAR, 0o644, "", "k"),
+                sent("del/mod", REGULAR, 0o600, "", "m"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_name_the_base_lists_taken_by_a_socket_is_whited_out() {
+        let t = Tree::new();
+        initial(&t);
+        t.record().unwrap();
+        fs::remove_file(t.at("a/keep")).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(t.at("a/keep")).unwrap();
+        // A new socket under a name the base never had: nothing to hide, nothing sent.
+        let _new = std::os::unix::net::UnixListener::bind(t.at("a/sock")).unwrap();
+        assert_eq!(
+            t.layer("").unwrap(),
+            [sent("a", DIRECTORY, 0o755, "", ""), wh("a/.wh.keep")]
+        );
+    }
+
+    /// Nests `levels` directories `n` in `d` (from held descriptors: their paths are
+    /// longer than PATH_MAX); the deepest.
+    fn nest(mut d: File, levels: usize) -> File {
+        for _ in 0..levels {
+            match sys::mkdirat(d.as_fd(), c"n", 0o755) {
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                r => r.unwrap(),
+            }
+            d = open_in(&d, c"n", sys::O_RDONLY).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn a_tree_deeper_than_a_walk_goes_fails_naming_it() {
+        use crate::proto::MAX_WALK_DEPTH;
+        // BASE: the root and MAX_WALK_DEPTH levels below it are one too many.
+        let t = Tree::new();
+        nest(File::open(t.root()).unwrap(), MAX_WALK_DEPTH);
+        match t.record() {
+            Err(GetEnd::Failed(FileError::Other, p, m)) => {
+                assert!(p.starts_with(b"n/n/n/"));
+                assert!(m.contains("nested deeper"), "{m}");
+            }
+            _ => panic!("recorded"),
+        }
+        // LAYER: as deep as a walk goes at the base, then deeper.
+        let t = Tree::new();
+        nest(File::open(t.root()).unwrap(), MAX_WALK_DEPTH - 1);
+        t.record().unwrap();
+        nest(File::open(t.root()).unwrap(), MAX_WALK_DEPTH + 1);
+        let (kind, path, msg) = t.layer("").unwrap_err();
+        assert_eq!(kind, FileError::Other);
+        assert!(path.starts_with("n/n/n/"), "{path}");
+        assert!(msg.contains("nested deeper"), "{msg}");
+    }
+
+    #[test]
+    fn a_workspace_in_a_fixed_skip_or_that_is_no_directory_is_refused() {
+        let t = Tree::new();
+        initial(&t);
+        t.record().unwrap();
+        for ws in ["/skipped", "/skipped/f", "/skipped/nope", "a", "/a/../b"] {
+            assert_eq!(t.layer(ws).unwrap_err().0, FileError::Invalid, "{ws}");
+        }
+        assert_eq!(t.layer("/nope").unwrap_err().0, FileError::NotFound);
+        assert_eq!(t.layer("/a/nope").unwrap_err().0, FileError::NotFound);
+        assert_eq!(t.layer("/hl1").unwrap_err().0, FileError::NotDir);
+        assert_eq!(t.layer("/hl1/x").unwrap_err().0, FileError::NotDir);
+        // A link is never followed.
+        assert_eq!(t.layer("/link").unwrap_err().0, FileError::NotDir);
+        assert!(t.layer("/a").unwrap().is_empty());
+        assert!(t.layer("/").unwrap().is_empty());
+    }
+
+    #[test]
+    fn another_file_system_that_is_no_mount_point_fails_a_layer_but_in_the_workspace() {
+        let t = Tree::new();
+        initial(&t);
+        t.record().unwrap();
+        let base = read_base(&t.dir()).unwrap();
+        let link = Link::new(None);
+        let flow = Flow::new();
+        let f = File::open(t.at("a")).unwrap();
+        let md = f.metadata().unwrap();
+        let mut changes = Changes {
+            out: Sender::new(&link, &flow, 1),
+            base: &base,
+            skips: Tree::skips(),
+            // As if `a` were on another device than the root (a btrfs subvolume).
+            root_dev: md.dev() + 1,
+            workspace: None,
+            whole: None,
+            scratch: Vec::new(),
+        };
+        let met = Met {
+            rel: b"a",
+            f: &f,
+            md: &md,
+            top: false,
+        };
+        match changes.enter(&met) {
+            Err(GetEnd::Failed(FileError::Other, p, _)) => assert_eq!(p, b"a"),
+            _ => panic!("entered"),
+        }
+        changes.workspace = Some(b"a".to_vec());
+        assert!(changes.enter(&met).unwrap());
     }
 
     #[test]

@@ -112,7 +112,8 @@
 //!   recorded as names: `/proc`, `/sys`, `/dev`, [`HELPER_DIR`], the daemon's directory,
 //!   every mount point of `/proc/self/mountinfo` but `/`, and a directory of another
 //!   file system than `/` (a mount point moved while the walk ran; it is recorded as a
-//!   name, never walked). A base listing already there is kept (`DONE` at once: a
+//!   name, never walked). Names starting with `.wh.` are walked but not recorded as
+//!   names (no layer carries them). A base listing already there is kept (`DONE` at once: a
 //!   restarted daemon must never take it again). A directory it cannot list fails it
 //!   (`FILE_ERROR` naming it); so does a listing past [`MAX_BASE_BYTES`] or
 //!   [`MAX_BASE_NAMES`].
@@ -123,21 +124,38 @@
 //!   time is at least the base's T0 (a directory's own entry likewise; every directory is
 //!   walked, changed or not), with the skips of `BASE`, except that a workspace that is a
 //!   mount point is sent whole (its change times ignored; mount points below it are
-//!   still skipped) together with the entries of its ancestors. A workspace that is no
-//!   mount point is ordinary root filesystem. Sockets and devices are skipped, as below a
-//!   `GET`'s directory.
+//!   still skipped) together with the entries of its ancestors, its own entry followed
+//!   by the opaque whiteout `<ws>/.wh..wh..opq` (what was deleted from it stays deleted).
+//!   A workspace that is no mount point is ordinary root filesystem. A workspace equal to
+//!   or below `/proc`, `/sys`, `/dev`, [`HELPER_DIR`] or the daemon's directory is
+//!   refused ([`FileError::Invalid`]); one that does not exist or is no directory (a
+//!   link is not followed) is a `FILE_ERROR`. Sockets and devices are skipped, as below
+//!   a `GET`'s directory. A directory of another file system than `/` that is no mount
+//!   point (a btrfs subvolume, say) fails the `LAYER` (`FILE_ERROR` naming it) unless
+//!   in the workspace.
+//! - Moved directories: `rename(2)` changes the change time of the directory moved, not
+//!   of what it holds. So a directory whose path the base does not list, or lists with
+//!   another (device, inode), is sent whole (every entry below it, change times
+//!   ignored): its own entry, then, when the base lists that path, the opaque whiteout
+//!   `<dir>/.wh..wh..opq` (an empty [`REGULAR`] of mode 0: what lower layers held there
+//!   is hidden), then everything below it (no other whiteouts in it).
 //! - Whiteouts: for a directory whose change time is at least T0 and that the base
-//!   lists, every name the base lists in it that is gone now (or is skipped now) comes
+//!   lists, every name the base lists in it that is gone now (or is skipped now, or is
+//!   a socket or device now) comes
 //!   as an empty [`REGULAR`] entry of mode 0 named `.wh.<name>` in that directory, right
 //!   after the directory's own entry (the OCI layer convention). An entry that would be
 //!   sent whose name starts with `.wh.` fails the `LAYER` (`FILE_ERROR`, [`FileError::Invalid`]):
 //!   only the helper makes whiteouts.
 //! - No base listing is a `FILE_ERROR`; so is a malformed one. It lives where the run's
 //!   code may write, so it is read as untrusted: bounded ([`MAX_BASE_BYTES`],
-//!   [`MAX_BASE_NAMES`]), and a name that is empty, `.`, `..` or holds a `/` is malformed.
-//! - The base listing's format: the line `runcell-base 1 <t0 seconds> <t0 nanoseconds>\n`,
+//!   [`MAX_BASE_NAMES`]), and a name that is empty, `.`, `..`, holds a `/`, starts with
+//!   `.wh.`, or is not greater than the name before it in its directory is malformed.
+//! - The base listing's format: the line `runcell-base 2 <t0 seconds> <t0 nanoseconds>\n`,
 //!   then per directory walked (depth first; `/` first, as the empty path) its path
-//!   relative to `/`, a NUL, each name in it followed by a NUL (sorted), and one more NUL.
+//!   relative to `/`, a NUL, its `<st_dev> <st_ino>` in decimal and a NUL, each name in
+//!   it followed by a NUL (sorted bytewise, each once), and one more NUL.
+//! - Every walk (`GET`, `BASE`, `LAYER`) goes at most [`MAX_WALK_DEPTH`] directory
+//!   levels below its start: deeper is a `FILE_ERROR` naming the directory.
 //!
 //! # Daemon, relay and durable execs (version 3; `LEAVE` since version 4)
 //! The program the host starts through the engine (`/.runcell/helper`, no argument) is a
@@ -313,6 +331,10 @@ pub const MAX_CREDIT: u64 = 4 * INITIAL_CREDIT as u64;
 /// The most multiply-linked files one `GET` remembers to send their other names as
 /// [`HARDLINK`]s (then copies).
 pub const MAX_GET_LINKS: usize = 65_536;
+/// The deepest a walk (`GET`, `BASE`, `LAYER`) goes below its start, in directory
+/// levels: it holds a descriptor per level, so a deeper tree is a `FILE_ERROR` naming
+/// the directory (its path's first 4096 bytes) rather than a daemon out of descriptors.
+pub const MAX_WALK_DEPTH: usize = 4096;
 /// The most `GET`s one connection runs at once (a host runs fewer: each takes a thread).
 pub const MAX_GETS: usize = 128;
 /// A `PUT` leaves each whole block of zeros this large, aligned in the file, as a hole.

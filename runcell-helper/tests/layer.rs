@@ -11,7 +11,7 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread;
@@ -129,11 +129,13 @@ fn base_then_layer_in_a_chrooted_daemon() {
     assert_eq!((f.kind, f.id), (DONE, 2), "{f:?}");
     let listing = root.join(".runcell/d/base");
     let first = fs::read(&listing).unwrap();
-    assert!(first.starts_with(b"runcell-base 1 "));
+    assert!(first.starts_with(b"runcell-base 2 "));
     // Mount points and the helper's directory are no names of `/`; everything else is.
     let body = &first[first.iter().position(|&b| b == b'\n').unwrap() + 1..];
+    let md = fs::metadata(&root).unwrap();
+    let names = format!("\0{} {}\0bin\0etc\0lib\0lib64\0var\0\0", md.dev(), md.ino());
     assert!(
-        body.starts_with(b"\0bin\0etc\0lib\0lib64\0var\0\0"),
+        body.starts_with(names.as_bytes()),
         "{}",
         String::from_utf8_lossy(body)
     );
@@ -149,6 +151,7 @@ fn base_then_layer_in_a_chrooted_daemon() {
     assert_eq!(last.kind, DONE, "{last:?}");
     let ws = [
         ("ws".to_string(), DIRECTORY, String::new()),
+        ("ws/.wh..wh..opq".into(), REGULAR, String::new()),
         ("ws/sub".into(), DIRECTORY, String::new()),
         ("ws/sub/inner".into(), REGULAR, "in".into()),
     ];
@@ -178,7 +181,7 @@ fn base_then_layer_in_a_chrooted_daemon() {
     assert_eq!(entries, [changed, ws.to_vec()].concat());
 
     // A base listing the run's code broke: the layer fails.
-    fs::write(&listing, "runcell-base 1 0 0\n\0a/b\0\0").unwrap();
+    fs::write(&listing, "runcell-base 2 0 0\n\x001 2\0a/b\0\0").unwrap();
     let (_, last) = layer(&mut h, 8, "");
     let msg = String::from_utf8_lossy(&last.payload).into_owned();
     assert!(msg.contains("malformed"), "{msg}");
