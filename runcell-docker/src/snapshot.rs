@@ -645,26 +645,6 @@ fn workspace_of(inspect: &bollard::models::ContainerInspectResponse) -> Result<S
         .ok_or_else(|| backend("the container has no workspace mount"))
 }
 
-/// A `Write` that hashes what goes through.
-struct Hashing<W> {
-    inner: W,
-    hash: Sha256,
-    len: u64,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 /// Copies, byte for byte (with their PAX and GNU long-name records), the entries of `spool`
 /// (a tar named from the root) that are `prefix`, below it, or its ancestors (so that the
 /// layer does not make those directories anew); adds an opaque whiteout right after the
@@ -678,11 +658,9 @@ fn build_layer(
 ) -> Result<((std::fs::File, String), u64)> {
     let wrap = io("building the layer");
     let layer = tempfile::tempfile().map_err(io("a temporary file"))?;
-    let mut out = Hashing {
-        inner: std::io::BufWriter::new(layer.try_clone().map_err(&wrap)?),
-        hash: Sha256::new(),
-        len: 0,
-    };
+    let mut out = runcell_core::files::Sha256Writer::new(std::io::BufWriter::new(
+        layer.try_clone().map_err(&wrap)?,
+    ));
     // Pass 1: which entries to keep, as byte ranges of the spool, and which is the
     // workspace's own.
     let mut ranges: Vec<(u64, u64, bool)> = Vec::new();
@@ -761,9 +739,7 @@ fn build_layer(
     out.write_all(extra).map_err(&wrap)?;
     out.write_all(&[0u8; 1024]).map_err(&wrap)?;
     out.flush().map_err(&wrap)?;
-    let digest = format!("sha256:{}", hex::encode(out.hash.finalize_reset()));
-    let len = out.len;
-    drop(out);
+    let (_, digest, len) = out.finish();
     let mut layer = layer;
     layer.rewind().map_err(&wrap)?;
     Ok(((layer, digest), len))

@@ -239,6 +239,25 @@ impl K8sDriver {
             .remove(id);
     }
 
+    /// Run `id`'s pod, if it is one of ours ([`ErrorKind::NotFound`] otherwise).
+    async fn managed_pod(&self, id: &str) -> Result<Pod> {
+        self.pods()
+            .get_opt(id)
+            .await
+            .map_err(|e| error::map("get pod", e).with("run", id))?
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::MANAGED_BY))
+                    .map(String::as_str)
+                    == Some(labels::MANAGED_BY_VALUE)
+            })
+            .ok_or_else(|| {
+                Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id)
+            })
+    }
+
     /// The run's state: kept since create or attach, else read from its pod
     /// ([`ErrorKind::RunLost`] when it is gone). Errors do not name the run: core adds it
     /// to those of `exec_raw`.
@@ -398,22 +417,7 @@ impl Backend for K8sDriver {
     }
 
     async fn attach_target(&self, id: &str) -> Result<()> {
-        let pod = self
-            .pods()
-            .get_opt(id)
-            .await
-            .map_err(|e| error::map("get pod", e).with("run", id))?
-            .filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(labels::MANAGED_BY))
-                    .map(String::as_str)
-                    == Some(labels::MANAGED_BY_VALUE)
-            })
-            .ok_or_else(|| {
-                Error::new(ErrorKind::NotFound, "no managed run with this id").with("run", id)
-            })?;
+        let pod = self.managed_pod(id).await?;
         if !readiness::is_ready(&pod) {
             let e = Error::new(ErrorKind::RunLost, "the run's pod is not running").with("run", id);
             return Err(match readiness::why_not_running(&pod) {

@@ -463,26 +463,6 @@ fn humantime_now() -> String {
     )
 }
 
-/// A writer that hashes and counts what goes through it.
-struct Hashing<W> {
-    inner: W,
-    hash: Sha256,
-    len: u64,
-}
-
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 /// Copies the helper's layer (a tar named from the root) into a temporary file without
 /// what the library installed for the run's CA: the CA files (`/etc/sandbox`) and the
 /// `update-ca-certificates` source go, and where that source was there (`injected`: its
@@ -494,11 +474,9 @@ fn write_layer(from: impl Read, injected: Option<&str>) -> Result<(std::fs::File
     // passed on as it came.
     let io = |what: &'static str| move |e: std::io::Error| passed_on(e, what);
     let file = tempfile::tempfile().map_err(io("a temporary file"))?;
-    let out = Hashing {
-        inner: std::io::BufWriter::new(file.try_clone().map_err(io("a temporary file"))?),
-        hash: Sha256::new(),
-        len: 0,
-    };
+    let out = runcell_core::files::Sha256Writer::new(std::io::BufWriter::new(
+        file.try_clone().map_err(io("a temporary file"))?,
+    ));
     let mut builder = tar::Builder::new(out);
     builder.follow_symlinks(false);
     let dropped = [ca::CA_FILE, ca::BUNDLE_FILE, ca::SYSTEM_EXTRA_DIR_FILE];
@@ -555,10 +533,10 @@ fn write_layer(from: impl Read, injected: Option<&str>) -> Result<(std::fs::File
     }
     let mut out = builder.into_inner().map_err(io("writing the layer"))?;
     out.flush().map_err(io("writing the layer"))?;
-    let Hashing { hash, len, .. } = out;
+    let (_, digest, len) = out.finish();
     let mut file = file;
     std::io::Seek::rewind(&mut file).map_err(io("a temporary file"))?;
-    Ok((file, format!("sha256:{:x}", hash.finalize()), len))
+    Ok((file, digest, len))
 }
 
 /// An I/O error met while the layer was copied: the helper's own error where it is in
@@ -676,19 +654,7 @@ impl K8sDriver {
     ) -> Result<Snapshot> {
         self.registry()?;
         let began = std::time::Instant::now();
-        let pod = self
-            .pods()
-            .get_opt(id)
-            .await
-            .map_err(|e| error::map("get pod", e).with("run", id))?
-            .filter(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(labels::MANAGED_BY))
-                    .is_some_and(|v| v == labels::MANAGED_BY_VALUE)
-            })
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, "no such run").with("run", id))?;
+        let pod = self.managed_pod(id).await?;
         let base = base_of(&pod)?;
         let workspace = self.run_state(id).await?.workspace.clone();
         let snapshot_id = labels

@@ -8,6 +8,10 @@
 //! is set; `cargo xtask test` runs it in its Kubernetes phase (restricted ServiceAccount).
 //! The image is the local `sandbox-test/busybox:latest` (never pulled).
 
+mod common;
+
+use common::selected;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -18,13 +22,6 @@ const IMAGE: &str = "sandbox-test/busybox:latest";
 const CASE: &str = "sandbox.test/case";
 /// More memory than any test node has (1 TiB).
 const TOO_MUCH: u64 = 1 << 40;
-
-fn selected() -> bool {
-    match runcell_core::envvar::var("RUNCELL_TEST") {
-        Some(t) if !t.is_empty() => t.split(',').any(|d| d.trim() == "k8s"),
-        _ => std::env::var_os("KUBECONFIG").is_some(),
-    }
-}
 
 fn spec(case: &str) -> RunSpec {
     RunSpec::new(IMAGE)

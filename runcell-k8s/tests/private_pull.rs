@@ -10,6 +10,10 @@
 //! ServiceAccount). Selected but without the registry binary: a failure when `CI` is set
 //! or `RUNCELL_REQUIRE` names `k8s`.
 
+mod common;
+
+use common::{selected, strict};
+
 #[path = "../../runcell-docker/tests/common/registry.rs"]
 mod registry;
 
@@ -24,21 +28,6 @@ use runcell_core::{Driver, ErrorKind, ExecSpec, RunExt, RunSpec};
 use runcell_k8s::{K8sConfig, K8sDriver};
 
 const CASE: &str = "k8s-private-pull";
-
-fn strict() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    ci || runcell_core::envvar::var("RUNCELL_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|d| d.trim() == "k8s")
-}
-
-fn selected() -> bool {
-    match runcell_core::envvar::var("RUNCELL_TEST") {
-        Some(t) if !t.is_empty() => t.split(',').any(|d| d.trim() == "k8s"),
-        _ => std::env::var_os("KUBECONFIG").is_some(),
-    }
-}
 
 #[tokio::test]
 async fn pulls_with_image_pull_secrets() {

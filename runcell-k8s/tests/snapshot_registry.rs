@@ -9,6 +9,10 @@
 //! `cargo xtask test` runs it in its Kubernetes phase. Selected but without the registry
 //! binary: a failure when `CI` is set or `RUNCELL_REQUIRE` names `k8s`.
 
+mod common;
+
+use common::{selected, strict};
+
 #[path = "../../runcell-docker/tests/common/registry.rs"]
 mod registry;
 
@@ -22,21 +26,6 @@ use runcell_k8s::{K8sConfig, K8sDriver, SnapshotRegistry};
 const CASE: &str = "k8s-snapshot-registry";
 const DELETES: &str = "  delete:\n    enabled: true\n";
 const READ_ONLY: &str = "  maintenance:\n    readonly:\n      enabled: true\n";
-
-fn strict() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    ci || runcell_core::envvar::var("RUNCELL_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|d| d.trim() == "k8s")
-}
-
-fn selected() -> bool {
-    match runcell_core::envvar::var("RUNCELL_TEST") {
-        Some(t) if !t.is_empty() => t.split(',').any(|d| d.trim() == "k8s"),
-        _ => std::env::var_os("KUBECONFIG").is_some(),
-    }
-}
 
 /// Runs `script` in `run`; it must succeed.
 async fn sh(run: &dyn Run, script: &str) {

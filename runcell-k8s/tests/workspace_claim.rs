@@ -15,6 +15,10 @@
 //! (restricted ServiceAccount, `deploy/rbac.yaml`). The image is the local
 //! `sandbox-test/busybox:latest` (never pulled).
 
+mod common;
+
+use common::{selected, strict};
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -38,21 +42,6 @@ const CLASS: &str = "runcell-hostpath";
 const CASE: &str = "sandbox.test/case";
 /// How long a claim may take to go after its run stopped.
 const GONE_BOUND: Duration = Duration::from_secs(30);
-
-fn selected() -> bool {
-    match runcell_core::envvar::var("RUNCELL_TEST") {
-        Some(t) if !t.is_empty() => t.split(',').any(|d| d.trim() == "k8s"),
-        _ => std::env::var_os("KUBECONFIG").is_some(),
-    }
-}
-
-fn strict() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    ci || runcell_core::envvar::var("RUNCELL_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|d| d.trim() == "k8s")
-}
 
 /// The claims API of the client's namespace (the driver's too: both from `KUBECONFIG`).
 /// `None` (skip) when no cluster answers and the test is not required.

@@ -409,6 +409,44 @@ mod tarcheck;
 pub use host::{tar_dir_stream, unpack_into};
 pub use tarcheck::{TarCheck, checked_tar_stream};
 
+/// A writer that passes what it is given on and keeps its SHA-256 and length (a layer's
+/// digest as it is written, for the drivers' snapshots).
+pub struct Sha256Writer<W> {
+    inner: W,
+    hash: sha2::Sha256,
+    len: u64,
+}
+
+impl<W: std::io::Write> Sha256Writer<W> {
+    /// Writes to `inner`.
+    pub fn new(inner: W) -> Self {
+        Sha256Writer {
+            inner,
+            hash: <sha2::Sha256 as sha2::Digest>::new(),
+            len: 0,
+        }
+    }
+
+    /// The writer, the digest of what went through (`sha256:<hex>`) and its length.
+    pub fn finish(self) -> (W, String, u64) {
+        let digest = format!("sha256:{:x}", sha2::Digest::finalize(self.hash));
+        (self.inner, digest, self.len)
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for Sha256Writer<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        sha2::Digest::update(&mut self.hash, &buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -245,15 +245,20 @@ fn send_entries(
     Ok(())
 }
 
-/// A tar stream of `path` through the helper. A missing path is an error here, not a
-/// broken stream; a failure later is an error item of the stream, never a short archive.
-pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream> {
-    let slot = session
+/// One of the session's slots for a walk of the helper's (`GET`, `BASE`, `LAYER`).
+async fn read_slot(session: &Arc<Session>) -> Result<tokio::sync::OwnedSemaphorePermit> {
+    session
         .gets
         .clone()
         .acquire_owned()
         .await
-        .map_err(|_| lost("the helper session closed".to_string()))?;
+        .map_err(|_| lost("the helper session closed".to_string()))
+}
+
+/// A tar stream of `path` through the helper. A missing path is an error here, not a
+/// broken stream; a failure later is an error item of the stream, never a short archive.
+pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream> {
+    let slot = read_slot(session).await?;
     let (_, mut events, _) = session.file_op(proto::GET, path)?;
     let first = match tokio::time::timeout(ANSWER_TIMEOUT, events.next()).await {
         Ok(Some(Event::Entry(e, n))) => {
@@ -272,12 +277,7 @@ pub(crate) async fn get(session: &Arc<Session>, path: &str) -> Result<ByteStream
 /// ([`layer`]): once, at create, before any command of the run. One already recorded is
 /// kept. Bounded by [`WALK_TIMEOUT`].
 pub(crate) async fn base(session: &Arc<Session>) -> Result<()> {
-    let _slot = session
-        .gets
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| lost("the helper session closed".to_string()))?;
+    let _slot = read_slot(session).await?;
     let (_, mut events, _) = session.file_op(proto::BASE, "")?;
     match tokio::time::timeout(WALK_TIMEOUT, events.next()).await {
         Ok(Some(Event::Done)) => Ok(()),
@@ -301,12 +301,7 @@ pub(crate) async fn base(session: &Arc<Session>) -> Result<()> {
 /// at most [`WALK_TIMEOUT`]; a later one is an error item of the stream, never a short
 /// archive.
 pub(crate) async fn layer(session: &Arc<Session>, workspace: &str) -> Result<ByteStream> {
-    let slot = session
-        .gets
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| lost("the helper session closed".to_string()))?;
+    let slot = read_slot(session).await?;
     let (_, mut events, _) = session.file_op(proto::LAYER, workspace)?;
     let first = match tokio::time::timeout(WALK_TIMEOUT, events.next()).await {
         Ok(Some(Event::Entry(e, n))) => {
