@@ -45,6 +45,7 @@ use crate::progress::{Progress, ProgressFn};
 use crate::spec::{RunSpec, Stdin};
 
 pub use crate::exec::{EXEC_ID_ENV, KILL_SCRIPT};
+pub use crate::helper::{HELPER_PATH, helper_binary, helper_build};
 
 /// The target's only process: it keeps the target alive and does nothing else (the
 /// image's ENTRYPOINT and CMD never run).
@@ -365,6 +366,15 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether the target of `plan` finds this build's exec helper at
+    /// [`HELPER_PATH`] when it starts, put there by the engine from the run's image (a
+    /// snapshot image that carries it: see [`helper_build`]). Core then starts it without
+    /// an upload, and uploads it if that fails. Default: false.
+    async fn helper_in_image(&self, plan: &Plan<'_>) -> bool {
+        let _ = plan;
+        false
+    }
+
     /// Removes snapshot `id` (checked); one that does not exist is success. Default:
     /// unsupported.
     async fn remove_snapshot(&self, id: &str) -> Result<()> {
@@ -553,6 +563,11 @@ pub trait Layer: Clone + Send + Sync + fmt::Debug + 'static {
         self.inner().snapshot_base()
     }
 
+    /// [`Backend::helper_in_image`]; default: the inner backend's.
+    async fn helper_in_image(&self, plan: &Plan<'_>) -> bool {
+        self.inner().helper_in_image(plan).await
+    }
+
     /// [`Backend::remove_snapshot`]; default: the inner backend's.
     async fn remove_snapshot(&self, id: &str) -> Result<()> {
         self.inner().remove_snapshot(id).await
@@ -663,6 +678,10 @@ impl<L: Layer> Backend for L {
 
     fn snapshot_base(&self) -> bool {
         Layer::snapshot_base(self)
+    }
+
+    async fn helper_in_image(&self, plan: &Plan<'_>) -> bool {
+        Layer::helper_in_image(self, plan).await
     }
 
     async fn remove_snapshot(&self, id: &str) -> Result<()> {

@@ -210,6 +210,10 @@ impl Backend for DockerDriver {
         })?
     }
 
+    async fn helper_in_image(&self, plan: &Plan<'_>) -> bool {
+        plan.spec.from_snapshot.is_some() && self.image_carries_helper(&plan.spec.image).await
+    }
+
     async fn list_snapshots(&self) -> Result<Vec<runcell_core::Snapshot>> {
         self.list_snapshot_images().await
     }

@@ -47,6 +47,9 @@ pub const PARTIAL_LABEL: &str = "sandbox.dev/snapshot-partial";
 /// Labels with the base image and the size (Docker labels take any value).
 const BASE_LABEL: &str = "sandbox.dev/snapshot-base";
 const SIZE_LABEL: &str = "sandbox.dev/snapshot-size";
+/// On a snapshot image whose layer carries the exec helper at its place: which build
+/// ([`runcell_core::raw::helper_build`]).
+const HELPER_LABEL: &str = "sandbox.dev/snapshot-helper";
 /// The timeout of the requests that move the changes.
 const SLOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 /// The most the workspace's directory may hold (as the archive API sends it: a sparse
@@ -239,6 +242,9 @@ impl DockerDriver {
         all_labels.insert(SNAPSHOT_WORKSPACE.into(), workspace.clone());
         all_labels.insert(BASE_LABEL.into(), base_name.clone());
         all_labels.insert(SIZE_LABEL.into(), size.to_string());
+        if !runcell_core::raw::helper_binary().is_empty() {
+            all_labels.insert(HELPER_LABEL.into(), runcell_core::raw::helper_build());
+        }
         let snapshot_id = snapshot_id_of(labels)?;
         let tag = format!("{REPOSITORY}:{snapshot_id}");
         let ((layer_file, digest), layer_len) = (layer, layer_bytes);
@@ -339,7 +345,8 @@ impl DockerDriver {
                     ),
                 )
             })??;
-        let extra = self.ca_extra(id).await?;
+        let mut extra = self.ca_extra(id).await?;
+        extra.extend(helper_entries()?);
         let prefix = workspace
             .trim_start_matches('/')
             .trim_end_matches('/')
@@ -453,6 +460,20 @@ impl DockerDriver {
         let mode = file.mode();
         let text = String::from_utf8(file.read_all(1 << 20, path).await.ok()?).ok()?;
         Some((mode & 0o7777, text))
+    }
+
+    /// Whether `image` is a snapshot image whose layer carries this build's exec helper
+    /// (see [`helper_entries`]); any doubt is no.
+    pub(crate) async fn image_carries_helper(&self, image: &str) -> bool {
+        let build = runcell_core::raw::helper_build();
+        match self.docker.inspect_image(image).await {
+            Ok(found) => found
+                .config
+                .and_then(|c| c.labels)
+                .and_then(|l| l.get(HELPER_LABEL).cloned())
+                .is_some_and(|v| v == build),
+            Err(_) => false,
+        }
     }
 
     /// Loads the archive `kept` (entries without an end) + `head` + the layer file +
@@ -743,6 +764,32 @@ fn build_layer(
     let mut layer = layer;
     layer.rewind().map_err(&wrap)?;
     Ok(((layer, digest), len))
+}
+
+/// The exec helper's place as a run from the snapshot finds it: its directory, only
+/// what this layer puts there (opaque), and this build's helper. The engine fills the
+/// run's helper volume from the image when it makes the container, so core starts the
+/// helper without uploading it ([`DockerDriver::image_carries_helper`]). Empty for a
+/// build without a helper.
+fn helper_entries() -> Result<Vec<u8>> {
+    let binary = runcell_core::raw::helper_binary();
+    let mut out = Vec::new();
+    if binary.is_empty() {
+        return Ok(out);
+    }
+    let dir = runcell_core::HELPER_DIR.trim_start_matches('/');
+    let path = runcell_core::raw::HELPER_PATH.trim_start_matches('/');
+    append_entry(
+        &mut out,
+        &format!("{dir}/"),
+        b"",
+        0o755,
+        (0, 0, 0),
+        tar::EntryType::Directory,
+    )?;
+    append_file(&mut out, &format!("{dir}/.wh..wh..opq"), b"", 0o644)?;
+    append_file(&mut out, path, binary, 0o755)?;
+    Ok(out)
 }
 
 /// Writes the whiteout of the absolute `path` (`dir/.wh.name`).

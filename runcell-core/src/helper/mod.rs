@@ -81,6 +81,19 @@ pub(crate) fn embedded_digest() -> (u64, u64) {
     (embedded::BYTES.len() as u64, embedded::DIGEST)
 }
 
+/// The exec helper binary this build embeds (empty when it has none: [`available`]), for
+/// a backend that puts it into an image it makes ([`crate::raw::Backend::helper_in_image`]).
+pub fn helper_binary() -> &'static [u8] {
+    embedded::BYTES
+}
+
+/// What tells this build's helper from any other (protocol version, size and digest), to
+/// label an image that carries it.
+pub fn helper_build() -> String {
+    let (size, digest) = embedded_digest();
+    format!("{}-{size}-{digest:016x}", proto::VERSION)
+}
+
 /// Places the binary at [`HELPER_PATH`] (its size and digest are checked by the helper's
 /// greeting).
 async fn install<B: Backend>(backend: &B, id: &str) -> Result<()> {
@@ -131,6 +144,23 @@ async fn open<B: Backend>(backend: &B, id: &str) -> Result<Session> {
 /// the one the library ships (it costs one `put_executable` of ~1.5 MB, tens of
 /// milliseconds on Docker); the greeting then checks that the upload is complete.
 pub(crate) async fn start<B: Backend>(backend: &B, id: &str) -> Result<Arc<Session>> {
+    start_with(backend, id, false).await
+}
+
+/// [`start`], first trying the helper the engine put in place from the run's image when
+/// `in_image` ([`crate::raw::Backend::helper_in_image`]: only at create, before any
+/// command of the run); if that one does not greet as this build's, it is uploaded.
+///
+/// Such an image is a snapshot whose top layer the library wrote (the helper in it is
+/// this build's bytes), but the run's keep-alive comes from the same image, whose other
+/// files the snapshotted run could change: it could replace the helper before it starts.
+/// An upload does not prevent that either (the keep-alive can race it), and it gives the
+/// run nothing it did not have: the host side treats every helper as the sandbox's.
+pub(crate) async fn start_with<B: Backend>(
+    backend: &B,
+    id: &str,
+    in_image: bool,
+) -> Result<Arc<Session>> {
     if !available() {
         return Err(Error::new(
             ErrorKind::Unsupported,
@@ -138,6 +168,22 @@ pub(crate) async fn start<B: Backend>(backend: &B, id: &str) -> Result<Arc<Sessi
         ));
     }
     let began = std::time::Instant::now();
+    if in_image {
+        match open(backend, id).await {
+            Ok(session) => {
+                tracing::debug!(
+                    run = %id,
+                    pid = session.hello.pid,
+                    start_ms = began.elapsed().as_millis() as u64,
+                    "exec helper started from the image"
+                );
+                return Ok(Arc::new(session));
+            }
+            Err(e) => {
+                tracing::debug!(run = %id, "the image's exec helper did not start ({e}); uploading it");
+            }
+        }
+    }
     install(backend, id).await?;
     let installed = began.elapsed();
     let session = open(backend, id).await?;

@@ -136,7 +136,13 @@ pub(super) async fn bring_up<B: Backend>(
             // An upload into a target whose keep-alive is exiting may wait on an engine
             // that never answers (its own bound is a minute): watched like the liveness
             // check below.
-            _ => match unless_gone(backend, id, helper::start(backend, id)).await {
+            _ => match unless_gone(
+                backend,
+                id,
+                helper::start_with(backend, id, backend.helper_in_image(plan).await),
+            )
+            .await
+            {
                 Ok(session) => {
                     // Before any command of the run: what its snapshots are taken against.
                     // Without it a later snapshot fails, saying why.
