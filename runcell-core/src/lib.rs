@@ -33,6 +33,7 @@
 pub mod ca;
 mod capabilities;
 mod cleanup;
+pub mod credentials;
 pub mod envvar;
 mod error;
 mod exec;

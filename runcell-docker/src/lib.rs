@@ -68,7 +68,7 @@ use runcell_core::{ByteStream, Capabilities, Error, ErrorKind, Progress, Result,
 
 pub use body::container_body;
 pub use config::DockerConfig;
-pub use credentials::RegistryCredentials;
+pub use runcell_core::credentials::RegistryCredentials;
 
 runcell_core::register_driver!(
     DockerDriver,

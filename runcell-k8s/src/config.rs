@@ -52,6 +52,11 @@ pub struct SnapshotRegistry {
     /// Plain HTTP to that host (a registry on loopback or a network you trust); HTTPS
     /// otherwise.
     pub plain_http: bool,
+    /// The login for that host ([`SnapshotRegistry::login`]); without one, the Docker
+    /// CLI's `config.json` (`$DOCKER_CONFIG`, else `~/.docker`: `auths`, `credHelpers`,
+    /// `credsStore`) is asked, else the registry is spoken to anonymously. A base image
+    /// on another registry is read with that registry's login from `config.json`.
+    pub login: Option<runcell_core::credentials::RegistryCredentials>,
 }
 
 impl SnapshotRegistry {
@@ -60,7 +65,19 @@ impl SnapshotRegistry {
         SnapshotRegistry {
             repository: repository.into(),
             plain_http: false,
+            login: None,
         }
+    }
+
+    /// Logs in to the registry as `username` (HTTP basic auth, or the registry's token
+    /// service with it). The nodes pull with the pods' `image_pull_secrets`
+    /// ([`K8sConfig::image_pull_secrets`]), not with this.
+    pub fn login(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        let host = self.repository.split('/').next().unwrap_or_default();
+        self.login = Some(runcell_core::credentials::RegistryCredentials::new(
+            host, username, password,
+        ));
+        self
     }
 
     /// Speaks plain HTTP to it.
@@ -453,6 +470,7 @@ impl K8sConfig {
                     plain_http: config
                         .take_parsed::<bool>("snapshot_registry_plain_http")?
                         .unwrap_or(false),
+                    login: None,
                 }),
             },
         };

@@ -25,7 +25,7 @@ use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::{Client, Reference, RegistryOperation};
 use runcell_core::raw::RunFiles;
 use runcell_core::snapshot_labels::{SNAPSHOT_ID, SNAPSHOT_WORKSPACE};
 use runcell_core::{ByteStream, Error, ErrorKind, Result, Snapshot, ca, labels};
@@ -59,6 +59,8 @@ pub(crate) struct Registry {
     host: String,
     repository: String,
     plain_http: bool,
+    /// The snapshot registry's explicit login, if any ([`SnapshotRegistry::login`]).
+    login: Vec<runcell_core::credentials::RegistryCredentials>,
 }
 
 fn backend(what: impl Into<String>) -> Error {
@@ -75,7 +77,12 @@ fn registry_error(what: &str, e: OciDistributionError) -> Error {
         OciDistributionError::RequestError(_) => ErrorKind::Unavailable,
         _ => ErrorKind::Backend,
     };
-    Error::new(kind, format!("snapshot registry: {what}")).with_source(e)
+    let hint = if kind == ErrorKind::Config {
+        " (not authorized: give the registry's login, SnapshotRegistry::login, or `docker login` it into the Docker CLI's config.json)"
+    } else {
+        ""
+    };
+    Error::new(kind, format!("snapshot registry: {what}{hint}")).with_source(e)
 }
 
 fn not_found(e: &OciDistributionError) -> bool {
@@ -171,7 +178,31 @@ impl Registry {
             host: host.to_string(),
             repository: repository.to_string(),
             plain_http: cfg.plain_http,
+            login: cfg.login.iter().cloned().collect(),
         }))
+    }
+
+    /// How to log in to registry `host`: the explicit login for it, else `config.json`'s,
+    /// else anonymously.
+    async fn auth_for(&self, host: &str) -> Result<RegistryAuth> {
+        let (host, explicit) = (host.to_string(), self.login.clone());
+        let found = tokio::task::spawn_blocking(move || {
+            runcell_core::credentials::lookup(&host, &explicit, None)
+                .map_err(|e| e.with("registry", &host))
+        })
+        .await
+        .map_err(|e| backend(format!("snapshot registry: the login lookup failed: {e}")))??;
+        match found {
+            None => Ok(RegistryAuth::Anonymous),
+            Some(login) => match (login.username, login.password) {
+                (Some(user), Some(password)) => Ok(RegistryAuth::Basic(user, password)),
+                _ => Err(Error::new(
+                    ErrorKind::Config,
+                    "snapshot registry: the login found is an identity token, which the snapshot registry client cannot use: give a user and password (SnapshotRegistry::login)",
+                )
+                .with_field("snapshot_registry")),
+            },
+        }
     }
 
     fn tagged(&self, tag: &str) -> Reference {
@@ -185,12 +216,18 @@ impl Registry {
 
     /// The manifest digest of snapshot `id`'s image and its labels; `None` if it has none.
     async fn find(&self, id: &str) -> Result<Option<(String, BTreeMap<String, String>)>> {
+        let auth = self.auth_for(&self.host).await?;
+        self.find_with(id, &auth).await
+    }
+
+    /// [`Registry::find`] with the login given.
+    async fn find_with(
+        &self,
+        id: &str,
+        auth: &RegistryAuth,
+    ) -> Result<Option<(String, BTreeMap<String, String>)>> {
         let reference = self.tagged(id);
-        match self
-            .client
-            .pull_manifest_and_config(&reference, &RegistryAuth::Anonymous)
-            .await
-        {
+        match self.client.pull_manifest_and_config(&reference, auth).await {
             Ok((_, digest, config)) => Ok(Some((digest, config_labels(&config)))),
             Err(e) if not_found(&e) => Ok(None),
             Err(e) => Err(registry_error(&format!("reading {id}"), e)),
@@ -199,9 +236,10 @@ impl Registry {
 
     /// Every snapshot in the repository.
     async fn list(&self) -> Result<Vec<Snapshot>> {
+        let auth = self.auth_for(&self.host).await?;
         let tags = match self
             .client
-            .list_tags(&self.tagged("latest"), &RegistryAuth::Anonymous, None, None)
+            .list_tags(&self.tagged("latest"), &auth, None, None)
             .await
         {
             Ok(t) => t.tags,
@@ -214,7 +252,7 @@ impl Registry {
                 continue;
             }
             // Removed meanwhile: not listed.
-            let Some((digest, labels)) = self.find(&tag).await? else {
+            let Some((digest, labels)) = self.find_with(&tag, &auth).await? else {
                 continue;
             };
             if labels.get(SNAPSHOT_ID) != Some(&tag) {
@@ -239,7 +277,26 @@ impl Registry {
             "{scheme}://{}/v2/{}/manifests/{digest}",
             self.host, self.repository
         );
-        let answer = self.http.delete(&url).send().await.map_err(|e| {
+        let mut request = self.http.delete(&url);
+        match self.auth_for(&self.host).await? {
+            RegistryAuth::Basic(user, password) => {
+                // A registry with a token service takes the login there, for a token.
+                let auth = RegistryAuth::Basic(user.clone(), password.clone());
+                let token = self
+                    .client
+                    .auth(&self.tagged(id), &auth, RegistryOperation::Push)
+                    .await
+                    .ok()
+                    .flatten();
+                request = match token {
+                    Some(token) => request.bearer_auth(token),
+                    None => request.basic_auth(user, Some(password)),
+                };
+            }
+            RegistryAuth::Bearer(token) => request = request.bearer_auth(token),
+            RegistryAuth::Anonymous => {}
+        }
+        let answer = request.send().await.map_err(|e| {
             Error::new(
                 ErrorKind::Unavailable,
                 "snapshot registry: deleting a snapshot",
@@ -256,6 +313,13 @@ impl Registry {
                     self.host
                 ),
             )),
+            code @ (401 | 403) => Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "snapshot registry: deleting {id} answered {code}: the login may not delete"
+                ),
+            )
+            .with_field("snapshot_registry")),
             code => Err(backend(format!(
                 "snapshot registry: deleting {id} answered {code}"
             ))),
@@ -271,10 +335,16 @@ impl Registry {
         layer: (std::fs::File, String, u64),
         labels: &BTreeMap<String, String>,
     ) -> Result<String> {
-        let auth = RegistryAuth::Anonymous;
         let target = self.tagged(id);
+        let auth = self.auth_for(&self.host).await?;
         // A base on a loopback registry is read over plain HTTP, as the node pulled it.
         let base_host = base.resolve_registry().to_string();
+        let base_host_is_target = base_host == self.host;
+        let base_auth = if base_host_is_target {
+            auth.clone()
+        } else {
+            self.auth_for(&base_host).await?
+        };
         let client = if loopback(&base_host) && !(self.plain_http && base_host == self.host) {
             let mut plain = vec![base_host];
             if self.plain_http {
@@ -284,13 +354,17 @@ impl Registry {
         } else {
             self.client.clone()
         };
-        let (manifest, _, config) =
-            client
-                .pull_manifest_and_config(base, &auth)
-                .await
-                .map_err(|e| {
-                    registry_error(&format!("reading the base image {base}"), e).with_field("image")
-                })?;
+        let (manifest, _, config) = client
+            .pull_manifest_and_config(base, &base_auth)
+            .await
+            .map_err(|e| {
+                let field = if base_host_is_target {
+                    "snapshot_registry"
+                } else {
+                    "image"
+                };
+                registry_error(&format!("reading the base image {base}"), e).with_field(field)
+            })?;
         client
             .store_auth_if_needed(target.resolve_registry(), &auth)
             .await;

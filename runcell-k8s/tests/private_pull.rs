@@ -19,10 +19,8 @@ mod registry;
 
 use std::collections::BTreeMap;
 
-use base64::Engine;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams};
 use registry::{PASSWORD, REGISTRY, Registry, USER, push_test_image};
 use runcell_core::{Driver, ErrorKind, ExecSpec, RunExt, RunSpec};
 use runcell_k8s::{K8sConfig, K8sDriver};
@@ -67,29 +65,7 @@ async fn pulls_with_image_pull_secrets() {
 /// A `kubernetes.io/dockerconfigjson` Secret with the test login for `host`, in the
 /// client's namespace: the Secrets API and the Secret's name.
 async fn pull_secret(host: &str) -> (Api<Secret>, String) {
-    let client = kube::Client::try_default().await.unwrap();
-    let namespace = client.default_namespace().to_string();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let name = format!("sandbox-pull-{}", registry::rand_suffix());
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
-    let config = serde_json::json!({ "auths": { host: { "auth": auth } } });
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..ObjectMeta::default()
-        },
-        type_: Some("kubernetes.io/dockerconfigjson".into()),
-        data: Some(BTreeMap::from([(
-            ".dockerconfigjson".to_string(),
-            ByteString(serde_json::to_vec(&config).unwrap()),
-        )])),
-        ..Secret::default()
-    };
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    (secrets, name)
+    common::pull_secret(host, USER, PASSWORD).await
 }
 
 /// The node's registry hosts directory (containerd's `config_path`), where a test may

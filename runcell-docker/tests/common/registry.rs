@@ -59,6 +59,11 @@ impl Registry {
         Registry::start_full(false, None, storage)
     }
 
+    /// With basic auth ([`USER`], [`PASSWORD`]) and `storage` as in [`Registry::open_with`].
+    pub fn login_with(storage: &str) -> Registry {
+        Registry::start_full(true, None, storage)
+    }
+
     fn start_with(auth: bool, tls: Option<&std::path::Path>) -> Registry {
         Registry::start_full(auth, tls, "")
     }

@@ -18,3 +18,41 @@ pub fn selected() -> bool {
         _ => std::env::var_os("KUBECONFIG").is_some(),
     }
 }
+
+/// A `kubernetes.io/dockerconfigjson` Secret with the login `user`/`password` for `host`,
+/// in the client's namespace: the Secrets API and the Secret's name.
+pub async fn pull_secret(
+    host: &str,
+    user: &str,
+    password: &str,
+) -> (kube::Api<k8s_openapi::api::core::v1::Secret>, String) {
+    use base64::Engine;
+    use k8s_openapi::api::core::v1::Secret;
+    let client = kube::Client::try_default().await.unwrap();
+    let namespace = client.default_namespace().to_string();
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), &namespace);
+    let suffix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    let name = format!("sandbox-pull-{}-{suffix}", std::process::id());
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let config = serde_json::json!({ "auths": { host: { "auth": auth } } });
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        data: Some(std::collections::BTreeMap::from([(
+            ".dockerconfigjson".to_string(),
+            k8s_openapi::ByteString(serde_json::to_vec(&config).unwrap()),
+        )])),
+        ..Secret::default()
+    };
+    secrets
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+        .unwrap();
+    (secrets, name)
+}
