@@ -81,7 +81,7 @@ pub(crate) fn embedded_digest() -> (u64, u64) {
     (embedded::BYTES.len() as u64, embedded::DIGEST)
 }
 
-/// The exec helper binary this build embeds (empty when it has none: [`available`]), for
+/// The exec helper binary this build embeds (empty when it has none), for
 /// a backend that puts it into an image it makes ([`crate::raw::Backend::helper_in_image`]).
 pub fn helper_binary() -> &'static [u8] {
     embedded::BYTES

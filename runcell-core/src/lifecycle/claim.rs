@@ -12,7 +12,7 @@ use crate::run::Run;
 use crate::spec::RunSpec;
 use crate::warm::Warm;
 
-use super::create::{bring_up, remove_failed};
+use super::create::{bring_up, remove_failed, removed_or_named};
 use super::run::{CoreRun, OVERLAY_FILE};
 
 /// Creates a target of `shape` for pool `key`, waits until it answers, and makes it
@@ -49,10 +49,9 @@ pub(super) async fn warm<B: Backend>(backend: &B, shape: &RunSpec, key: &str) ->
         }
         .await;
         if let Err(e) = ready {
-            if let Err(cleanup) = guard.discard().await {
-                tracing::error!(run = %id, "could not remove the failed pooled target: {cleanup}");
-            }
-            return Err(e);
+            // As a failed create: a removal that hit a limit is tried again, and one that
+            // still fails is named in the error (`left`).
+            return Err(removed_or_named(&id, guard, e, || backend.pool_remove(&run_id)).await);
         }
         let pooled = guard;
         let session = run.ready_session().await;

@@ -85,12 +85,27 @@ pub(super) async fn remove_failed<B: Backend>(
     guard: CreateGuard,
     e: Error,
 ) -> Error {
-    let mut result = backend.remove_target(id).await;
+    removed_or_named(id, guard, e, || backend.remove_target(id)).await
+}
+
+/// [`remove_failed`] with the removal `remove` (a pooled target's is
+/// [`Backend::pool_remove`], which spares one claimed meanwhile).
+pub(super) async fn removed_or_named<F, Fut>(
+    id: &str,
+    guard: CreateGuard,
+    e: Error,
+    remove: F,
+) -> Error
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut result = remove().await;
     for pause in REMOVE_RETRIES {
         match &result {
             Err(cleanup) if cleanup.kind() == ErrorKind::LimitReached => {
                 tokio::time::sleep(*pause).await;
-                result = backend.remove_target(id).await;
+                result = remove().await;
             }
             _ => break,
         }
