@@ -99,7 +99,9 @@ pub fn lookup(
     explicit: &[RegistryCredentials],
     docker_config_dir: Option<&Path>,
 ) -> Result<Option<RegistryLogin>> {
-    if let Some(c) = explicit.iter().find(|c| normalize(&c.server) == registry) {
+    // As the keys are compared: `Reg.Example`, `index.docker.io` and `docker.io` alike.
+    let registry = &normalize(registry);
+    if let Some(c) = explicit.iter().find(|c| normalize(&c.server) == *registry) {
         return Ok(Some(RegistryLogin {
             username: Some(c.username.clone()),
             password: Some(c.password.clone()),
@@ -208,7 +210,22 @@ fn decode_auth(encoded: &str) -> Option<(String, String)> {
 /// what is read. A helper that has no credentials for it (non-zero exit) is no login;
 /// one that cannot be run, hangs or answers nonsense is a config error naming it.
 fn helper_get(helper: &str, registry: &str) -> Result<Option<RegistryLogin>> {
-    let program = format!("docker-credential-{helper}");
+    helper_get_within(
+        &format!("docker-credential-{helper}"),
+        registry,
+        HELPER_BOUND,
+    )
+}
+
+/// [`helper_get`] of `program`, within `bound`: the helper runs in a process group of
+/// its own, and when it (or a child of its that kept its output open) is not done in
+/// time, the whole group is killed.
+fn helper_get_within(
+    program: &str,
+    registry: &str,
+    bound: Duration,
+) -> Result<Option<RegistryLogin>> {
+    use std::os::unix::process::CommandExt;
     let server = server_address(registry);
     let failed = |what: &str| {
         Error::new(
@@ -217,42 +234,68 @@ fn helper_get(helper: &str, registry: &str) -> Result<Option<RegistryLogin>> {
         )
         .with("registry", registry)
     };
-    let mut child = Command::new(&program)
+    let mut child = Command::new(program)
         .arg("get")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        .process_group(0)
         .spawn()
         .map_err(|e| failed("cannot be run").with_source(e))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(server.as_bytes());
-    }
-    let stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        if let Some(s) = stdout {
-            let _ = s.take(MAX_HELPER_ANSWER).read_to_end(&mut out);
+    let group = rustix::process::Pid::from_raw(child.id() as i32);
+    let kill_group = |child: &mut std::process::Child| {
+        // SIGKILL to the helper's whole group (children that kept its pipes), then the
+        // helper itself, reaped.
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
         }
-        out
-    });
-    let deadline = Instant::now() + HELPER_BOUND;
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+    // Both pipes from threads of their own: neither a helper that never reads nor one
+    // that never closes its output holds this thread past the bound.
+    if let Some(mut stdin) = child.stdin.take() {
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(server.as_bytes());
+        });
+    }
+    let (sender, answer) = std::sync::mpsc::channel();
+    if let Some(stdout) = child.stdout.take() {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let _ = stdout.take(MAX_HELPER_ANSWER).read_to_end(&mut out);
+            let _ = sender.send(out);
+        });
+    }
+    let deadline = Instant::now() + bound;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
             Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_group(&mut child);
                 return Err(failed(&format!(
                     "did not answer within {} s",
-                    HELPER_BOUND.as_secs()
+                    bound.as_secs_f64()
                 )));
             }
-            Err(e) => return Err(failed("failed").with_source(e)),
+            Err(e) => {
+                kill_group(&mut child);
+                return Err(failed("failed").with_source(e));
+            }
         }
     };
-    // The helper exited: its stdout ends unless a child of its own holds it.
-    let out = reader.join().unwrap_or_default();
+    // The helper exited; its output ends unless a child of its own holds it.
+    let wait = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(100));
+    let out = match answer.recv_timeout(wait) {
+        Ok(out) => out,
+        Err(_) => {
+            kill_group(&mut child);
+            return Err(failed("kept its output open after it exited"));
+        }
+    };
     if !status.success() {
         tracing::debug!(helper = %program, registry, "credential helper has no credentials");
         return Ok(None);
@@ -392,6 +435,71 @@ mod tests {
         let e = from_config_file(&path, "reg:5000").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
         assert!(e.message().contains("larger than 4 MiB"), "{e}");
+    }
+
+    /// A helper script at `dir/name` with `body`.
+    fn script(dir: &Path, name: &str, body: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn a_helper_is_bounded_in_time_with_its_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let answer = r#"echo '{"ServerURL":"r","Username":"u","Secret":"s"}'"#;
+        let good = script(dir.path(), "good", &format!("cat >/dev/null; {answer}"));
+        let login = helper_get_within(&good, "reg:5000", Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(login.password.as_deref(), Some("s"));
+        // Exits at once, but a child keeps its output open.
+        let holds = script(
+            dir.path(),
+            "holds",
+            &format!("cat >/dev/null; (sleep 30) & {answer}; exit 0"),
+        );
+        let began = Instant::now();
+        let e = helper_get_within(&holds, "reg:5000", Duration::from_secs(1)).unwrap_err();
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(e.message().contains("kept its output open"), "{e}");
+        // Never reads, never answers.
+        let hangs = script(dir.path(), "hangs", "sleep 30");
+        let began = Instant::now();
+        let e = helper_get_within(&hangs, "reg:5000", Duration::from_secs(1)).unwrap_err();
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(e.message().contains("did not answer"), "{e}");
+    }
+
+    #[test]
+    fn registries_are_compared_normalized() {
+        let explicit = [RegistryCredentials::new("Reg.Example:5000", "u", "p")];
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            lookup("reg.example:5000", &explicit, Some(dir.path()))
+                .unwrap()
+                .is_some()
+        );
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"auths": {"https://index.docker.io/v1/": {"auth": "dTE6cDE="}}}"#,
+        )
+        .unwrap();
+        assert!(
+            lookup("index.docker.io", &[], Some(dir.path()))
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[test]

@@ -346,7 +346,7 @@ impl DockerDriver {
                 )
             })??;
         let mut extra = self.ca_extra(id).await?;
-        extra.extend(helper_entries()?);
+        extra.extend(helper_entries(self.podman)?);
         let prefix = workspace
             .trim_start_matches('/')
             .trim_end_matches('/')
@@ -771,7 +771,13 @@ fn build_layer(
 /// run's helper volume from the image when it makes the container, so core starts the
 /// helper without uploading it ([`DockerDriver::image_carries_helper`]). Empty for a
 /// build without a helper.
-fn helper_entries() -> Result<Vec<u8>> {
+///
+/// On Podman the directory is `1777`: Podman gives a new volume the owner and mode of
+/// the image's directory at its place, where a fresh run's volume is the run's user's,
+/// and a run as another user than root must be able to make its daemon's private
+/// directory there (the sticky bit keeps the helper, root's, from being renamed or
+/// removed by anyone else). Docker's fresh volume is root's `0755`, as this one.
+fn helper_entries(podman: bool) -> Result<Vec<u8>> {
     let binary = runcell_core::raw::helper_binary();
     let mut out = Vec::new();
     if binary.is_empty() {
@@ -783,7 +789,7 @@ fn helper_entries() -> Result<Vec<u8>> {
         &mut out,
         &format!("{dir}/"),
         b"",
-        0o755,
+        if podman { 0o1777 } else { 0o755 },
         (0, 0, 0),
         tar::EntryType::Directory,
     )?;

@@ -25,7 +25,7 @@ use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference, RegistryOperation};
+use oci_client::{Client, Reference};
 use runcell_core::raw::RunFiles;
 use runcell_core::snapshot_labels::{SNAPSHOT_ID, SNAPSHOT_WORKSPACE};
 use runcell_core::{ByteStream, Error, ErrorKind, Result, Snapshot, ca, labels};
@@ -54,7 +54,6 @@ const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 /// The snapshot registry's client and where in it snapshots go.
 #[derive(Clone)]
 pub(crate) struct Registry {
-    client: Client,
     http: reqwest::Client,
     host: String,
     repository: String,
@@ -154,12 +153,6 @@ impl Registry {
         // The registry clients are reqwest's on rustls, as kube's are: with ring, unless the
         // application installed a provider of its own (then that one; this is no error).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let plain: Vec<String> = if cfg.plain_http {
-            vec![host.to_string()]
-        } else {
-            Vec::new()
-        };
-        let client = oci_client(plain)?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60))
@@ -173,7 +166,6 @@ impl Registry {
                 .with_source(e)
             })?;
         Ok(Some(Registry {
-            client,
             http,
             host: host.to_string(),
             repository: repository.to_string(),
@@ -182,27 +174,64 @@ impl Registry {
         }))
     }
 
+    /// A client of its own for one operation, speaking plain HTTP to the snapshot
+    /// registry when configured so, and to the hosts of `plain`: a client keeps the first
+    /// login it is given per host, and a login may change (a `docker login` meanwhile, a
+    /// credential helper's short-lived token).
+    fn client(&self, mut plain: Vec<String>) -> Result<Client> {
+        if self.plain_http {
+            plain.push(self.host.clone());
+        }
+        oci_client(plain)
+    }
+
     /// How to log in to registry `host`: the explicit login for it, else `config.json`'s,
-    /// else anonymously.
+    /// else anonymously. A login to the snapshot registry over plain HTTP is refused
+    /// unless the registry is on loopback (the password would cross the network in the
+    /// clear). An identity token (which this client cannot use) is an error for the
+    /// snapshot registry, and anonymous access to another (a base's).
     async fn auth_for(&self, host: &str) -> Result<RegistryAuth> {
-        let (host, explicit) = (host.to_string(), self.login.clone());
+        let (owned, explicit) = (host.to_string(), self.login.clone());
         let found = tokio::task::spawn_blocking(move || {
-            runcell_core::credentials::lookup(&host, &explicit, None)
-                .map_err(|e| e.with("registry", &host))
+            runcell_core::credentials::lookup(&owned, &explicit, None)
+                .map_err(|e| e.with("registry", &owned))
         })
         .await
         .map_err(|e| backend(format!("snapshot registry: the login lookup failed: {e}")))??;
-        match found {
-            None => Ok(RegistryAuth::Anonymous),
+        let ours = host == self.host;
+        let auth = match found {
+            None => RegistryAuth::Anonymous,
             Some(login) => match (login.username, login.password) {
-                (Some(user), Some(password)) => Ok(RegistryAuth::Basic(user, password)),
-                _ => Err(Error::new(
-                    ErrorKind::Config,
-                    "snapshot registry: the login found is an identity token, which the snapshot registry client cannot use: give a user and password (SnapshotRegistry::login)",
-                )
-                .with_field("snapshot_registry")),
+                (Some(user), Some(password)) => RegistryAuth::Basic(user, password),
+                _ if ours => {
+                    return Err(Error::new(
+                        ErrorKind::Config,
+                        "snapshot registry: the login found is an identity token, which the snapshot registry client cannot use: give a user and password (SnapshotRegistry::login)",
+                    )
+                    .with_field("snapshot_registry"));
+                }
+                _ => {
+                    tracing::debug!(
+                        registry = host,
+                        "an identity token cannot be used: reading the base anonymously"
+                    );
+                    RegistryAuth::Anonymous
+                }
             },
+        };
+        let plain = if ours {
+            self.plain_http
+        } else {
+            loopback(host)
+        };
+        if plain && !loopback(host) && !matches!(auth, RegistryAuth::Anonymous) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("snapshot registry: a login to {host} over plain HTTP would send the password in the clear: use HTTPS, or a registry on loopback"),
+            )
+            .with_field("snapshot_registry"));
         }
+        Ok(auth)
     }
 
     fn tagged(&self, tag: &str) -> Reference {
@@ -227,7 +256,11 @@ impl Registry {
         auth: &RegistryAuth,
     ) -> Result<Option<(String, BTreeMap<String, String>)>> {
         let reference = self.tagged(id);
-        match self.client.pull_manifest_and_config(&reference, auth).await {
+        match self
+            .client(Vec::new())?
+            .pull_manifest_and_config(&reference, auth)
+            .await
+        {
             Ok((_, digest, config)) => Ok(Some((digest, config_labels(&config)))),
             Err(e) if not_found(&e) => Ok(None),
             Err(e) => Err(registry_error(&format!("reading {id}"), e)),
@@ -238,7 +271,7 @@ impl Registry {
     async fn list(&self) -> Result<Vec<Snapshot>> {
         let auth = self.auth_for(&self.host).await?;
         let tags = match self
-            .client
+            .client(Vec::new())?
             .list_tags(&self.tagged("latest"), &auth, None, None)
             .await
         {
@@ -277,33 +310,40 @@ impl Registry {
             "{scheme}://{}/v2/{}/manifests/{digest}",
             self.host, self.repository
         );
-        let mut request = self.http.delete(&url);
-        match self.auth_for(&self.host).await? {
-            RegistryAuth::Basic(user, password) => {
-                // A registry with a token service takes the login there, for a token.
-                let auth = RegistryAuth::Basic(user.clone(), password.clone());
-                let token = self
-                    .client
-                    .auth(&self.tagged(id), &auth, RegistryOperation::Push)
-                    .await
-                    .ok()
-                    .flatten();
-                request = match token {
-                    Some(token) => request.bearer_auth(token),
-                    None => request.basic_auth(user, Some(password)),
-                };
-            }
-            RegistryAuth::Bearer(token) => request = request.bearer_auth(token),
-            RegistryAuth::Anonymous => {}
+        let auth = self.auth_for(&self.host).await?;
+        let sent = |request: reqwest::RequestBuilder| async move {
+            request.send().await.map_err(|e| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    "snapshot registry: deleting a snapshot",
+                )
+                .with("snapshot", id)
+                .with_source(e)
+            })
+        };
+        // First as the registry says it wants: then with the login, or a token for
+        // `delete` from its token service.
+        let mut answer = sent(self.http.delete(&url)).await?;
+        if answer.status().as_u16() == 401
+            && let RegistryAuth::Basic(user, password) = &auth
+        {
+            let challenge = answer
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let request = self.http.delete(&url);
+            answer = match bearer_challenge(&challenge) {
+                None => sent(request.basic_auth(user, Some(password))).await?,
+                Some((realm, service)) => {
+                    let token = self
+                        .delete_token(&realm, service.as_deref(), user, password)
+                        .await?;
+                    sent(request.bearer_auth(token)).await?
+                }
+            };
         }
-        let answer = request.send().await.map_err(|e| {
-            Error::new(
-                ErrorKind::Unavailable,
-                "snapshot registry: deleting a snapshot",
-            )
-            .with("snapshot", id)
-            .with_source(e)
-        })?;
         match answer.status().as_u16() {
             200..=299 | 404 => Ok(()),
             405 => Err(Error::unsupported(
@@ -316,7 +356,12 @@ impl Registry {
             code @ (401 | 403) => Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "snapshot registry: deleting {id} answered {code}: the login may not delete"
+                    "snapshot registry: deleting {id} answered {code}: {}",
+                    if matches!(auth, RegistryAuth::Anonymous) {
+                        "it wants a login (SnapshotRegistry::login, or `docker login`)"
+                    } else {
+                        "the login may not delete"
+                    }
                 ),
             )
             .with_field("snapshot_registry")),
@@ -324,6 +369,77 @@ impl Registry {
                 "snapshot registry: deleting {id} answered {code}"
             ))),
         }
+    }
+
+    /// A token for deleting from the repository, from the registry's token service at
+    /// `realm` (its `service`), asked with the login. The realm must be HTTPS, or the
+    /// registry's own host or loopback (the login goes to it).
+    async fn delete_token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        user: &str,
+        password: &str,
+    ) -> Result<String> {
+        let refused = |why: String| {
+            Error::new(
+                ErrorKind::Config,
+                format!("snapshot registry: its token service {why}"),
+            )
+            .with_field("snapshot_registry")
+        };
+        let url = reqwest::Url::parse(realm).map_err(|_| refused("names no URL".into()))?;
+        let realm_host = url.host_str().unwrap_or_default().to_string();
+        let realm_authority = match url.port() {
+            Some(port) => format!("{realm_host}:{port}"),
+            None => realm_host.clone(),
+        };
+        let trusted =
+            url.scheme() == "https" || realm_authority == self.host || loopback(&realm_authority);
+        if !trusted {
+            return Err(refused(format!(
+                "is at {realm_authority} over plain HTTP: the login is not sent there"
+            )));
+        }
+        let scope = format!("repository:{}:delete", self.repository);
+        let mut query = vec![("scope", scope.as_str())];
+        if let Some(service) = service {
+            query.push(("service", service));
+        }
+        let answer = self
+            .http
+            .get(url)
+            .query(&query)
+            .basic_auth(user, Some(password))
+            .send()
+            .await
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    "snapshot registry: its token service",
+                )
+                .with_source(e)
+            })?;
+        if !answer.status().is_success() {
+            return Err(refused(format!(
+                "answered {} for a delete token",
+                answer.status().as_u16()
+            )));
+        }
+        let body = answer
+            .bytes()
+            .await
+            .map_err(|e| refused("sent no answer".into()).with_source(e))?;
+        if body.len() > 1 << 20 {
+            return Err(refused("sent more than 1 MiB".into()));
+        }
+        let json: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|_| refused("sent no JSON".into()))?;
+        json.get("token")
+            .or_else(|| json.get("access_token"))
+            .and_then(|t| t.as_str())
+            .map(String::from)
+            .ok_or_else(|| refused("sent no token".into()))
     }
 
     /// Pushes `base` + the layer (`file`, `digest`, `size`) with `labels` in the base's
@@ -345,14 +461,10 @@ impl Registry {
         } else {
             self.auth_for(&base_host).await?
         };
-        let client = if loopback(&base_host) && !(self.plain_http && base_host == self.host) {
-            let mut plain = vec![base_host];
-            if self.plain_http {
-                plain.push(self.host.clone());
-            }
-            oci_client(plain)?
+        let client = if loopback(&base_host) {
+            self.client(vec![base_host])?
         } else {
-            self.client.clone()
+            self.client(Vec::new())?
         };
         let (manifest, _, config) = client
             .pull_manifest_and_config(base, &base_auth)
@@ -447,6 +559,44 @@ impl Registry {
             .map_err(|e| registry_error("pushing the manifest", e))?;
         Ok(manifest_digest)
     }
+}
+
+/// A `WWW-Authenticate: Bearer realm="..",service=".."` challenge's realm and service;
+/// `None` for another scheme.
+fn bearer_challenge(header: &str) -> Option<(String, Option<String>)> {
+    let rest = header.trim();
+    let params = rest
+        .get(..7)
+        .filter(|p| p.eq_ignore_ascii_case("bearer "))
+        .map(|_| &rest[7..])?;
+    let mut realm = None;
+    let mut service = None;
+    let mut left = params;
+    while !left.is_empty() {
+        let (key, after) = left.split_once('=')?;
+        let key = key
+            .trim()
+            .trim_start_matches(',')
+            .trim()
+            .to_ascii_lowercase();
+        let after = after.trim_start();
+        let (value, next) = if let Some(quoted) = after.strip_prefix('"') {
+            let end = quoted.find('"')?;
+            (&quoted[..end], &quoted[end + 1..])
+        } else {
+            match after.find(',') {
+                Some(end) => (&after[..end], &after[end..]),
+                None => (after, ""),
+            }
+        };
+        match key.as_str() {
+            "realm" => realm = Some(value.to_string()),
+            "service" => service = Some(value.to_string()),
+            _ => {}
+        }
+        left = next.trim_start().trim_start_matches(',').trim_start();
+    }
+    Some((realm?, service))
 }
 
 /// The labels of an image configuration (`config.Labels`).
@@ -928,6 +1078,26 @@ mod tests {
         let mut evil = h.as_bytes().to_vec();
         evil.extend_from_slice(&[0u8; 1024]);
         assert!(write_layer(&evil[..], None).is_err());
+    }
+
+    #[test]
+    fn bearer_challenges_are_read() {
+        assert_eq!(
+            bearer_challenge(
+                r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a:pull""#
+            ),
+            Some((
+                "https://auth.example/token".into(),
+                Some("registry.example".into())
+            ))
+        );
+        assert_eq!(
+            bearer_challenge(r#"bearer realm="https://a/t""#),
+            Some(("https://a/t".into(), None))
+        );
+        assert_eq!(bearer_challenge(r#"Basic realm="registry""#), None);
+        assert_eq!(bearer_challenge("Bearer service=\"x\""), None);
+        assert_eq!(bearer_challenge("Bearer realm=\"unterminated"), None);
     }
 
     #[test]

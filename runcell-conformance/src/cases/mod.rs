@@ -213,6 +213,10 @@ pub static CASES: &[Case] = &[
     case!(a_snapshot_of_files_being_written_has_each_whole, snapshots),
     case!(what_is_not_a_snapshot_is_refused, snapshots),
     case!(a_snapshot_keeps_odd_files_and_refuses_whiteouts, snapshots),
+    case!(
+        a_run_from_a_snapshot_as_another_user_keeps_exec_records,
+        |c| snapshots(c) && c.exec_user
+    ),
     case!(snapshots_are_unsupported_where_there_are_none, |c| !c
         .snapshots),
 ];

@@ -5,7 +5,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use runcell_core::{DriverExt, ErrorKind, ExecSpec, RunSpec, Snapshot, SnapshotOptions};
+use runcell_core::{
+    DriverExt, ErrorKind, ExecSpec, Run, RunExt, RunSpec, Snapshot, SnapshotOptions,
+};
 
 use crate::{Context, TEST_CA, sh_stdout};
 
@@ -421,5 +423,50 @@ pub async fn a_snapshot_keeps_odd_files_and_refuses_whiteouts(cx: &Context) -> a
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     source.stop().await?;
+    Ok(())
+}
+
+/// Whether `run` keeps exec records (`execs()`: detached execs, reattach), which need the
+/// exec helper's private directory in the helper's place.
+async fn keeps_exec_records(run: &dyn Run) -> anyhow::Result<bool> {
+    run.exec(ExecSpec::new(["true"])).await?;
+    match run.execs().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::Unsupported => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A run from a snapshot started as a user other than root has what a fresh run of that
+/// user has: exec records (a snapshot's image must not take from a fork what the engine
+/// gives a fresh run in the helper's place).
+pub async fn a_run_from_a_snapshot_as_another_user_keeps_exec_records(
+    cx: &Context,
+) -> anyhow::Result<()> {
+    let mut as_user = cx.spec();
+    as_user.user = Some("1000".into());
+    let fresh = cx.driver.start(&as_user).await?;
+    let fresh_has = keeps_exec_records(&*fresh).await;
+    fresh.stop().await?;
+    let source = cx.driver.start(&cx.spec()).await?;
+    let snapshot = source.snapshot(SnapshotOptions::default()).await;
+    source.stop().await?;
+    let snapshot = snapshot?;
+    let mut from = spec_from(cx, &snapshot);
+    from.user = Some("1000".into());
+    let fork_has = match cx.driver.start(&from).await {
+        Ok(fork) => {
+            let has = keeps_exec_records(&*fork).await;
+            fork.stop().await?;
+            has
+        }
+        Err(e) => Err(e.into()),
+    };
+    cx.driver.remove_snapshot(&snapshot.id).await?;
+    let (fresh_has, fork_has) = (fresh_has?, fork_has?);
+    ensure!(
+        fork_has == fresh_has,
+        "a fresh run as user 1000 keeps exec records: {fresh_has}; a run from a snapshot as that user: {fork_has}"
+    );
     Ok(())
 }

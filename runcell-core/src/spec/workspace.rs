@@ -47,7 +47,14 @@ impl Workspace {
                 "must be a directory below / without . or .. components",
             ));
         }
-        for reserved in ["/tmp", crate::ca::DIR, "/proc", "/sys", "/dev"] {
+        for reserved in [
+            "/tmp",
+            crate::ca::DIR,
+            crate::HELPER_DIR,
+            "/proc",
+            "/sys",
+            "/dev",
+        ] {
             if ws == reserved || ws.starts_with(&format!("{reserved}/")) {
                 return Err(Error::invalid_spec(
                     "workspace.path",
