@@ -72,7 +72,10 @@ pub use registry::{
     ConnectFn, DriverConfig, DriverFactory, RESERVED_DRIVER_NAMES, connect, driver_names, drivers,
 };
 pub use run::{Driver, PoolProtocol, Run, RunExt};
-pub use snapshot::{Snapshot, SnapshotOptions, check_snapshot_id, new_snapshot_id};
+pub use snapshot::{
+    Snapshot, SnapshotOptions, check_repository, check_snapshot_id, check_snapshot_reference,
+    new_snapshot_id, split_snapshot_reference,
+};
 /// The label keys of snapshots ([`Snapshot`]).
 pub mod snapshot_labels {
     pub use crate::snapshot::{

@@ -385,6 +385,25 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// [`crate::Driver::push_snapshot`] (`id` and `repository` checked). Default:
+    /// unsupported.
+    async fn push_snapshot(&self, id: &str, repository: &str) -> Result<String> {
+        let _ = (id, repository);
+        Err(Error::unsupported(
+            "push_snapshot",
+            "this driver cannot push snapshots",
+        ))
+    }
+
+    /// [`crate::Driver::pull_snapshot`] (`reference` checked). Default: unsupported.
+    async fn pull_snapshot(&self, reference: &str) -> Result<crate::Snapshot> {
+        let _ = reference;
+        Err(Error::unsupported(
+            "pull_snapshot",
+            "this driver cannot pull snapshots",
+        ))
+    }
+
     /// Sets up what needs the running target, after core's liveness check and before the
     /// post-create commands (e.g. CA files assembled by a script, a workspace seeded by
     /// tar). Default: nothing.
@@ -573,6 +592,16 @@ pub trait Layer: Clone + Send + Sync + fmt::Debug + 'static {
         self.inner().remove_snapshot(id).await
     }
 
+    /// [`Backend::push_snapshot`]; default: the inner backend's.
+    async fn push_snapshot(&self, id: &str, repository: &str) -> Result<String> {
+        self.inner().push_snapshot(id, repository).await
+    }
+
+    /// [`Backend::pull_snapshot`]; default: the inner backend's.
+    async fn pull_snapshot(&self, reference: &str) -> Result<crate::Snapshot> {
+        self.inner().pull_snapshot(reference).await
+    }
+
     /// [`Backend::remove_target`]; default: the inner backend's.
     async fn remove_target(&self, id: &str) -> Result<()> {
         self.inner().remove_target(id).await
@@ -686,6 +715,14 @@ impl<L: Layer> Backend for L {
 
     async fn remove_snapshot(&self, id: &str) -> Result<()> {
         Layer::remove_snapshot(self, id).await
+    }
+
+    async fn push_snapshot(&self, id: &str, repository: &str) -> Result<String> {
+        Layer::push_snapshot(self, id, repository).await
+    }
+
+    async fn pull_snapshot(&self, reference: &str) -> Result<crate::Snapshot> {
+        Layer::pull_snapshot(self, reference).await
     }
 
     async fn exec_raw(&self, id: &str, exec: RawExec) -> Result<RawProcess> {

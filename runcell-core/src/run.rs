@@ -68,6 +68,31 @@ pub trait Driver: Send + Sync + fmt::Debug + 'static {
             "this driver has no snapshots",
         ))
     }
+
+    /// Pushes snapshot `id` to registry repository `repository` (`host[:port]/path`),
+    /// tagged with the snapshot's id, so that a driver on another machine can
+    /// [`Driver::pull_snapshot`] it (or, with that repository as its snapshot registry,
+    /// list it: Kubernetes); returns the pushed reference (`host/path:<id>`). The local
+    /// snapshot stays. Logins as the engine's pulls take them
+    /// ([`crate::credentials::lookup`]).
+    async fn push_snapshot(&self, id: &str, repository: &str) -> Result<String> {
+        crate::snapshot::check_snapshot_id(id)?;
+        crate::snapshot::check_repository(repository)?;
+        Err(Error::unsupported(
+            "push_snapshot",
+            "this driver cannot push snapshots",
+        ))
+    }
+
+    /// Pulls a snapshot that [`Driver::push_snapshot`] pushed (`host[:port]/path:<id>`)
+    /// and makes it one of this driver's snapshots, to start runs from.
+    async fn pull_snapshot(&self, reference: &str) -> Result<crate::Snapshot> {
+        crate::snapshot::check_snapshot_reference(reference)?;
+        Err(Error::unsupported(
+            "pull_snapshot",
+            "this driver cannot pull snapshots",
+        ))
+    }
 }
 
 /// The warm-pool protocol of a driver ([`Driver::pooling`]): what [`crate::Pool`] uses,

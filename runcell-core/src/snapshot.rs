@@ -222,9 +222,119 @@ pub fn check_snapshot_id(id: &str) -> Result<()> {
     }
 }
 
+/// Checks a registry repository snapshots are pushed to: `host[:port]/path`, the host
+/// a registry's (with a dot or a port, or `localhost`), the path lowercase letters,
+/// digits and `._-/` separators, no tag or digest. Bad: [`crate::ErrorKind::InvalidSpec`]
+/// naming `repository`.
+pub fn check_repository(repository: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::invalid_spec(
+            "repository",
+            format!(
+                "{:?} {why} (host[:port]/path, e.g. registry.example:5000/snapshots)",
+                repository.chars().take(200).collect::<String>()
+            ),
+        ))
+    };
+    if repository.len() > 255 {
+        return bad("is longer than 255 bytes");
+    }
+    let Some((host, path)) = repository.split_once('/') else {
+        return bad("names no registry host");
+    };
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (host, None),
+    };
+    let host_ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && port
+            .is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+        && (name.contains('.') || port.is_some() || name == "localhost");
+    if !host_ok {
+        return bad("names no registry host");
+    }
+    let path_ok = !path.is_empty()
+        && path.split('/').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+                && part.as_bytes()[0].is_ascii_alphanumeric()
+        });
+    if !path_ok {
+        return bad("is not a repository path (lowercase, no tag or digest)");
+    }
+    Ok(())
+}
+
+/// Splits a pushed snapshot's reference (`host[:port]/path:<snapshot id>`) into its
+/// repository and snapshot id, both checked ([`check_repository`],
+/// [`check_snapshot_id`]); bad: [`crate::ErrorKind::InvalidSpec`].
+pub fn split_snapshot_reference(reference: &str) -> Result<(&str, &str)> {
+    let Some((repository, id)) = reference.rsplit_once(':').filter(|(r, _)| r.contains('/')) else {
+        return Err(Error::invalid_spec(
+            "reference",
+            format!(
+                "{:?} is not a pushed snapshot (host[:port]/path:snap-...)",
+                reference.chars().take(200).collect::<String>()
+            ),
+        ));
+    };
+    check_repository(repository)?;
+    check_snapshot_id(id)?;
+    Ok((repository, id))
+}
+
+/// [`split_snapshot_reference`], for its check alone.
+pub fn check_snapshot_reference(reference: &str) -> Result<()> {
+    split_snapshot_reference(reference).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repositories_and_references_are_checked() {
+        for ok in [
+            "127.0.0.1:5000/snaps",
+            "registry.example/team/snaps",
+            "localhost/a_b-c.d",
+        ] {
+            check_repository(ok).unwrap();
+        }
+        for bad in [
+            "snaps",
+            "busybox/snaps",
+            "127.0.0.1:5000/",
+            "127.0.0.1:5000/Snaps",
+            "127.0.0.1:5000/snaps:tag",
+            "127.0.0.1:5000/snaps@sha256:00",
+            "127.0.0.1:x/snaps",
+            "127.0.0.1:5000//snaps",
+            "127.0.0.1:5000/-snaps",
+        ] {
+            let e = check_repository(bad).unwrap_err();
+            assert_eq!(e.field(), Some("repository"), "{bad}: {e}");
+        }
+        let (repo, id) =
+            split_snapshot_reference("127.0.0.1:5000/snaps:snap-0123456789abcdef").unwrap();
+        assert_eq!(
+            (repo, id),
+            ("127.0.0.1:5000/snaps", "snap-0123456789abcdef")
+        );
+        for bad in [
+            "127.0.0.1:5000/snaps",
+            "127.0.0.1:5000/snaps:latest",
+            "snap-0123456789abcdef",
+            "127.0.0.1:5000/Snaps:snap-0123456789abcdef",
+        ] {
+            assert!(split_snapshot_reference(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn labels_round_trip_and_ids_are_checked() {

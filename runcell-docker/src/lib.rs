@@ -222,6 +222,14 @@ impl Backend for DockerDriver {
         self.remove_snapshot_image(id).await
     }
 
+    async fn push_snapshot(&self, id: &str, repository: &str) -> Result<String> {
+        self.push_snapshot_image(id, repository).await
+    }
+
+    async fn pull_snapshot(&self, reference: &str) -> Result<runcell_core::Snapshot> {
+        self.pull_snapshot_image(reference).await
+    }
+
     async fn attach_target(&self, id: &str) -> Result<()> {
         let inspect = self
             .docker

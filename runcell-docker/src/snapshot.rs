@@ -22,8 +22,9 @@ use std::collections::BTreeMap;
 use std::io::{Read, Seek, Write};
 
 use bollard::query_parameters::{
-    CommitContainerOptionsBuilder, ImportImageOptionsBuilder, ListImagesOptionsBuilder,
-    RemoveImageOptionsBuilder,
+    CommitContainerOptionsBuilder, CreateImageOptionsBuilder, ImportImageOptionsBuilder,
+    ListImagesOptionsBuilder, PushImageOptionsBuilder, RemoveImageOptionsBuilder,
+    TagImageOptionsBuilder,
 };
 use futures::StreamExt;
 use runcell_core::snapshot_labels::{
@@ -462,6 +463,117 @@ impl DockerDriver {
         Some((mode & 0o7777, text))
     }
 
+    /// The login for registry `host`, as pulls take it ([`crate::credentials::for_image`]).
+    async fn registry_login(&self, host: &str) -> Result<Option<bollard::auth::DockerCredentials>> {
+        let (explicit, dir) = (self.credentials.clone(), self.docker_config_dir.clone());
+        let image = format!("{host}/x");
+        tokio::task::spawn_blocking(move || {
+            crate::credentials::for_image(&image, &explicit, dir.as_deref())
+        })
+        .await
+        .map_err(|e| backend(format!("the registry login lookup failed: {e}")))?
+        .map_err(|e| e.with("registry", host))
+    }
+
+    /// [`runcell_core::Driver::push_snapshot`]: the snapshot's image pushed by the engine
+    /// as `repository:<id>` (a tag made for the push and removed after it).
+    pub(crate) async fn push_snapshot_image(&self, id: &str, repository: &str) -> Result<String> {
+        let snapshot = self
+            .find_snapshot(id)
+            .await?
+            .filter(|s| !s.labels.contains_key(PARTIAL_LABEL))
+            .ok_or_else(|| {
+                Error::new(ErrorKind::NotFound, format!("snapshot {id} does not exist"))
+                    .with_field("snapshot")
+            })?;
+        let target = format!("{repository}:{id}");
+        let options = TagImageOptionsBuilder::default()
+            .repo(repository)
+            .tag(id)
+            .build();
+        self.docker
+            .tag_image(&snapshot.image, Some(options))
+            .await
+            .map_err(|e| error::map("tag image", e).with("snapshot", id))?;
+        // The push's own name goes whatever happens (the snapshot's tag keeps the image).
+        let pushed_name = ImageGuard {
+            docker: self.docker.clone(),
+            image: Some(target.clone()),
+        };
+        let host = repository.split('/').next().unwrap_or_default();
+        let login = self.registry_login(host).await?;
+        let slow = self.docker.clone().with_timeout(SLOW);
+        let options = PushImageOptionsBuilder::default().tag(id).build();
+        let mut pushing = slow.push_image(repository, Some(options), login);
+        while let Some(step) = pushing.next().await {
+            step.map_err(|e| registry_error("push", &target, e))?;
+        }
+        pushed_name.remove_now().await;
+        Ok(target)
+    }
+
+    /// [`runcell_core::Driver::pull_snapshot`]: the image pulled by the engine, checked to
+    /// be snapshot `<id>` of this library, and tagged as the snapshot (the pulled name
+    /// removed). A snapshot already here with that id is answered as it is.
+    pub(crate) async fn pull_snapshot_image(&self, reference: &str) -> Result<Snapshot> {
+        let (repository, id) = runcell_core::split_snapshot_reference(reference)?;
+        if let Some(found) = self.find_snapshot(id).await?
+            && !found.labels.contains_key(PARTIAL_LABEL)
+        {
+            return Ok(found);
+        }
+        let host = repository.split('/').next().unwrap_or_default();
+        let login = self.registry_login(host).await?;
+        let slow = self.docker.clone().with_timeout(SLOW);
+        let options = CreateImageOptionsBuilder::default()
+            .from_image(repository)
+            .tag(id)
+            .build();
+        // The pulled name goes whatever happens: a failed check removes the image with it.
+        let pulled = ImageGuard {
+            docker: self.docker.clone(),
+            image: Some(reference.to_string()),
+        };
+        let mut pulling = slow.create_image(Some(options), None, login);
+        while let Some(step) = pulling.next().await {
+            step.map_err(|e| registry_error("pull", reference, e))?;
+        }
+        let image = self
+            .docker
+            .inspect_image(reference)
+            .await
+            .map_err(|e| error::map("inspect image", e).with("reference", reference))?;
+        let labels: BTreeMap<String, String> = image
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let ours = labels.get(labels::MANAGED_BY).map(String::as_str)
+            == Some(labels::MANAGED_BY_VALUE)
+            && labels.get(SNAPSHOT_ID).map(String::as_str) == Some(id);
+        let image_id = image.id.clone().unwrap_or_default();
+        if !ours || image_id.is_empty() {
+            return Err(Error::invalid_spec(
+                "reference",
+                format!("{reference} is not snapshot {id} of this library"),
+            ));
+        }
+        let options = TagImageOptionsBuilder::default()
+            .repo(REPOSITORY)
+            .tag(id)
+            .build();
+        self.docker
+            .tag_image(&image_id, Some(options))
+            .await
+            .map_err(|e| error::map("tag image", e).with("reference", reference))?;
+        pulled.remove_now().await;
+        self.find_snapshot(id)
+            .await?
+            .ok_or_else(|| backend(format!("the pulled snapshot {id} is not listed")))
+    }
+
     /// Whether `image` is a snapshot image whose layer carries this build's exec helper
     /// (see [`helper_entries`]); any doubt is no.
     pub(crate) async fn image_carries_helper(&self, image: &str) -> bool {
@@ -630,6 +742,44 @@ impl DockerDriver {
         }
         Ok(())
     }
+}
+
+/// A registry's refusal of a push or pull of `reference`, typed: a login refused or
+/// missing is `Config` naming `repository`, a registry not there `Unavailable`.
+fn registry_error(what: &'static str, reference: &str, e: bollard::errors::Error) -> Error {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    let kind = if [
+        "unauthorized",
+        "authentication required",
+        "denied",
+        "no basic auth",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+    {
+        ErrorKind::Config
+    } else if [
+        "connection refused",
+        "no such host",
+        "i/o timeout",
+        "dial tcp",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+    {
+        ErrorKind::Unavailable
+    } else if let bollard::errors::Error::DockerResponseServerError { .. } = e {
+        return error::map(what, e).with("reference", reference);
+    } else {
+        ErrorKind::Backend
+    };
+    let mut err = Error::new(kind, format!("snapshot {what} of {reference}: {text}"))
+        .with("reference", reference);
+    if kind == ErrorKind::Config {
+        err = err.with_field("repository");
+    }
+    err
 }
 
 /// The top-level directory of absolute path `workspace` (`srv` of `/srv/app`).

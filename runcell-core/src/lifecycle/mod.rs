@@ -131,6 +131,17 @@ impl<B: Backend> Driver for B {
         crate::snapshot::check_snapshot_id(id)?;
         Backend::remove_snapshot(self, id).await
     }
+
+    async fn push_snapshot(&self, id: &str, repository: &str) -> Result<String> {
+        crate::snapshot::check_snapshot_id(id)?;
+        crate::snapshot::check_repository(repository)?;
+        Backend::push_snapshot(self, id, repository).await
+    }
+
+    async fn pull_snapshot(&self, reference: &str) -> Result<crate::Snapshot> {
+        crate::snapshot::check_snapshot_reference(reference)?;
+        Backend::pull_snapshot(self, reference).await
+    }
 }
 
 #[async_trait]
