@@ -191,6 +191,21 @@ enum Command {
         #[arg(required = true, value_name = "SNAPSHOT")]
         snapshots: Vec<String>,
     },
+    /// Push a snapshot to a registry repository (`host[:port]/path`) as `REPOSITORY:ID`, for
+    /// `sandbox pull-snapshot` on another machine (or a Kubernetes driver whose snapshot
+    /// registry it is), and print that reference. Logins: the Docker CLI's config.json.
+    PushSnapshot {
+        /// The snapshot id.
+        snapshot: String,
+        /// host[:port]/path
+        repository: String,
+    },
+    /// Pull a snapshot `sandbox push-snapshot` pushed (`host[:port]/path:ID`), make it one
+    /// of this driver's snapshots, and print its id.
+    PullSnapshot {
+        /// host[:port]/path:snap-...
+        reference: String,
+    },
     /// List the registered drivers.
     Drivers,
     /// The run's mux (started by `exec`; its settings on stdin).
@@ -464,6 +479,25 @@ async fn run(cli: Cli) -> Result<i32, Failure> {
         Command::Snapshots { json } => snapshots::list(&*connect(g).await?, *json).await,
         Command::RmSnapshot { snapshots } => {
             snapshots::remove(&*connect(g).await?, snapshots).await
+        }
+        Command::PushSnapshot {
+            snapshot,
+            repository,
+        } => {
+            let driver = connect(g).await?;
+            if !g.quiet {
+                eprintln!("pushing {snapshot} to {repository}");
+            }
+            println!("{}", driver.push_snapshot(snapshot, repository).await?);
+            Ok(0)
+        }
+        Command::PullSnapshot { reference } => {
+            let driver = connect(g).await?;
+            if !g.quiet {
+                eprintln!("pulling {reference}");
+            }
+            println!("{}", driver.pull_snapshot(reference).await?.id);
+            Ok(0)
         }
         Command::Fork {
             snapshot,
