@@ -504,12 +504,18 @@ impl DockerDriver {
         let login = self.registry_login(host).await?;
         let slow = self.docker.clone().with_timeout(SLOW);
         let options = PushImageOptionsBuilder::default().tag(id).build();
-        let mut pushing = slow.push_image(repository, Some(options), login);
-        while let Some(step) = pushing.next().await {
-            step.map_err(|e| registry_error("push", &target, e))?;
+        let pushed = async {
+            let mut pushing = slow.push_image(repository, Some(options), login);
+            while let Some(step) = pushing.next().await {
+                step.map_err(|e| registry_error("push", &target, e))?;
+            }
+            Ok(())
         }
+        .await;
+        // Removed before the answer, success or not (a dropped future leaves it to the
+        // guard's drop).
         pushed_name.remove_now().await;
-        Ok(target)
+        pushed.map(|()| target)
     }
 
     /// [`runcell_core::Driver::pull_snapshot`]: the image pulled by the engine, checked to
@@ -534,10 +540,26 @@ impl DockerDriver {
             docker: self.docker.clone(),
             image: Some(reference.to_string()),
         };
-        let mut pulling = slow.create_image(Some(options), None, login);
-        while let Some(step) = pulling.next().await {
-            step.map_err(|e| registry_error("pull", reference, e))?;
+        let checked = async {
+            let mut pulling = slow.create_image(Some(options), None, login);
+            while let Some(step) = pulling.next().await {
+                step.map_err(|e| registry_error("pull", reference, e))?;
+            }
+            self.check_pulled(reference, id).await
         }
+        .await;
+        // The pulled name goes before the answer, success or not (with the image when
+        // it was no snapshot: then nothing else names it).
+        pulled.remove_now().await;
+        checked?;
+        self.find_snapshot(id)
+            .await?
+            .ok_or_else(|| backend(format!("the pulled snapshot {id} is not listed")))
+    }
+
+    /// Checks that the image pulled as `reference` is snapshot `id` of this library, and
+    /// tags it as the snapshot.
+    async fn check_pulled(&self, reference: &str, id: &str) -> Result<()> {
         let image = self
             .docker
             .inspect_image(reference)
@@ -568,10 +590,7 @@ impl DockerDriver {
             .tag_image(&image_id, Some(options))
             .await
             .map_err(|e| error::map("tag image", e).with("reference", reference))?;
-        pulled.remove_now().await;
-        self.find_snapshot(id)
-            .await?
-            .ok_or_else(|| backend(format!("the pulled snapshot {id} is not listed")))
+        Ok(())
     }
 
     /// Whether `image` is a snapshot image whose layer carries this build's exec helper

@@ -49,6 +49,28 @@ async fn snapshots_move_through_a_registry() {
     }
     let registry = Registry::start(None);
     let host = format!("127.0.0.1:{}", registry.port);
+    // Whatever happens in the check, nothing of this process is left: its runs and
+    // snapshots.
+    let result = tokio::spawn(check(base.clone(), host)).await;
+    let driver = DockerDriver::connect(base).await.unwrap();
+    let me = Some(runcell_core::labels::Owner::current());
+    for snapshot in driver.snapshots().await.unwrap() {
+        if snapshot.owner() == me {
+            let _ = driver.remove_snapshot(&snapshot.id).await;
+        }
+    }
+    let selector =
+        std::collections::BTreeMap::from([("sandbox.test/case".to_string(), CASE.to_string())]);
+    for run in driver.list(&selector).await.unwrap() {
+        let _ = driver.remove(&run.id).await;
+    }
+    drop(registry);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+}
+
+async fn check(base: DockerConfig, host: String) {
     let repository = format!("{host}/snaps");
     let anonymous = DockerDriver::connect(base.clone()).await.unwrap();
     let driver = DockerDriver::connect(base.clone().credentials(&host, USER, PASSWORD))
@@ -166,5 +188,4 @@ async fn snapshots_move_through_a_registry() {
             .iter()
             .any(|s| s.id == snapshot.id)
     );
-    drop(registry);
 }
