@@ -246,24 +246,46 @@ pub fn check_repository(repository: &str) -> Result<()> {
         Some((name, port)) => (name, Some(port)),
         None => (host, None),
     };
-    let host_ok = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        && port
-            .is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+    // Host labels: letters, digits and inner hyphens; a port up to 65535.
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let host_ok = name.split('.').all(label_ok)
+        && port.is_none_or(|p| {
+            !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+        })
         && (name.contains('.') || port.is_some() || name == "localhost");
     if !host_ok {
         return bad("names no registry host");
     }
-    let path_ok = !path.is_empty()
-        && path.split('/').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-                && part.as_bytes()[0].is_ascii_alphanumeric()
-        });
+    // Each part as the distribution grammar has it: [a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*.
+    let part_ok = |part: &str| {
+        let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        let bytes = part.as_bytes();
+        if bytes.is_empty() || !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
+            return false;
+        }
+        let mut i = 0;
+        while i < bytes.len() {
+            if alnum(bytes[i]) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < bytes.len() && !alnum(bytes[i]) {
+                i += 1;
+            }
+            let sep = &part[start..i];
+            if !(sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|b| b == b'-')) {
+                return false;
+            }
+        }
+        true
+    };
+    let path_ok = !path.is_empty() && path.split('/').all(part_ok);
     if !path_ok {
         return bad("is not a repository path (lowercase, no tag or digest)");
     }
@@ -303,6 +325,7 @@ mod tests {
             "127.0.0.1:5000/snaps",
             "registry.example/team/snaps",
             "localhost/a_b-c.d",
+            "reg.example:5000/a__b/c--d/e.f",
         ] {
             check_repository(ok).unwrap();
         }
@@ -316,6 +339,14 @@ mod tests {
             "127.0.0.1:x/snaps",
             "127.0.0.1:5000//snaps",
             "127.0.0.1:5000/-snaps",
+            "127.0.0.1:5000/a..b",
+            "127.0.0.1:5000/a-",
+            "127.0.0.1:5000/a.-b",
+            "127.0.0.1:5000/../x",
+            "127.0.0.1:99999/snaps",
+            "-x.example/snaps",
+            "a..b/snaps",
+            "./snaps",
         ] {
             let e = check_repository(bad).unwrap_err();
             assert_eq!(e.field(), Some("repository"), "{bad}: {e}");

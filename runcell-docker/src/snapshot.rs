@@ -58,6 +58,8 @@ const SLOW: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
 pub const MAX_WORKSPACE_BYTES: u64 = 8 << 30;
 /// How long the workspace's archive may send nothing before the snapshot fails.
 const STALL: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long pulling a snapshot may take in all.
+const PULL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 /// How long reading the workspace's archive may take in all (8 GiB at 5 MB/s).
 const WORKSPACE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
@@ -478,6 +480,11 @@ impl DockerDriver {
     /// [`runcell_core::Driver::push_snapshot`]: the snapshot's image pushed by the engine
     /// as `repository:<id>` (a tag made for the push and removed after it).
     pub(crate) async fn push_snapshot_image(&self, id: &str, repository: &str) -> Result<String> {
+        // Checked here too: the name goes into the engine's URL path.
+        runcell_core::check_snapshot_id(id)?;
+        runcell_core::check_repository(repository)?;
+        let host = repository.split('/').next().unwrap_or_default();
+        let login = self.registry_login(host).await?;
         let snapshot = self
             .find_snapshot(id)
             .await?
@@ -500,8 +507,6 @@ impl DockerDriver {
             docker: self.docker.clone(),
             image: Some(target.clone()),
         };
-        let host = repository.split('/').next().unwrap_or_default();
-        let login = self.registry_login(host).await?;
         let slow = self.docker.clone().with_timeout(SLOW);
         let options = PushImageOptionsBuilder::default().tag(id).build();
         let pushed = async {
@@ -541,25 +546,66 @@ impl DockerDriver {
             image: Some(reference.to_string()),
         };
         let checked = async {
-            let mut pulling = slow.create_image(Some(options), None, login);
-            while let Some(step) = pulling.next().await {
-                step.map_err(|e| registry_error("pull", reference, e))?;
-            }
+            // Bounded: a registry that sends nothing for `STALL`, or takes longer than
+            // `PULL_DEADLINE` in all, fails the pull.
+            let pull = async {
+                let mut pulling = slow.create_image(Some(options), None, login);
+                loop {
+                    match tokio::time::timeout(STALL, pulling.next()).await {
+                        Err(_) => {
+                            return Err(Error::new(
+                                ErrorKind::Unavailable,
+                                format!(
+                                    "snapshot pull of {reference}: nothing came for {} s",
+                                    STALL.as_secs()
+                                ),
+                            )
+                            .with("reference", reference));
+                        }
+                        Ok(None) => return Ok(()),
+                        Ok(Some(step)) => {
+                            step.map_err(|e| registry_error("pull", reference, e))?;
+                        }
+                    }
+                }
+            };
+            tokio::time::timeout(PULL_DEADLINE, pull)
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "snapshot pull of {reference}: not done within {} min",
+                            PULL_DEADLINE.as_secs() / 60
+                        ),
+                    )
+                    .with("reference", reference)
+                })??;
             self.check_pulled(reference, id).await
         }
         .await;
         // The pulled name goes before the answer, success or not (with the image when
         // it was no snapshot: then nothing else names it).
         pulled.remove_now().await;
-        checked?;
-        self.find_snapshot(id)
-            .await?
-            .ok_or_else(|| backend(format!("the pulled snapshot {id} is not listed")))
+        let image_id = checked?;
+        match self.find_snapshot(id).await {
+            Ok(Some(found)) if found.image == image_id => Ok(found),
+            found => {
+                // Listed as another image (a pull of the same id beside it), or not at
+                // all: the tag goes, never left where nothing lists it.
+                remove_image(&self.docker, &format!("{REPOSITORY}:{id}")).await;
+                found?;
+                Err(backend(format!(
+                    "the pulled snapshot {id} is not listed as the image pulled"
+                )))
+            }
+        }
     }
 
-    /// Checks that the image pulled as `reference` is snapshot `id` of this library, and
-    /// tags it as the snapshot.
-    async fn check_pulled(&self, reference: &str, id: &str) -> Result<()> {
+    /// Checks that the image pulled as `reference` is snapshot `id` of this library, as
+    /// the listing reads one (every label it needs), and tags it as the snapshot; its
+    /// image ID.
+    async fn check_pulled(&self, reference: &str, id: &str) -> Result<String> {
         let image = self
             .docker
             .inspect_image(reference)
@@ -572,10 +618,13 @@ impl DockerDriver {
             .unwrap_or_default()
             .into_iter()
             .collect();
-        let ours = labels.get(labels::MANAGED_BY).map(String::as_str)
-            == Some(labels::MANAGED_BY_VALUE)
-            && labels.get(SNAPSHOT_ID).map(String::as_str) == Some(id);
         let image_id = image.id.clone().unwrap_or_default();
+        let listed = snapshot_of(
+            labels.clone(),
+            image_id.clone(),
+            &[format!("{REPOSITORY}:{id}")],
+        );
+        let ours = listed.is_some_and(|s| s.id == id && !s.labels.contains_key(PARTIAL_LABEL));
         if !ours || image_id.is_empty() {
             return Err(Error::invalid_spec(
                 "reference",
@@ -590,7 +639,7 @@ impl DockerDriver {
             .tag_image(&image_id, Some(options))
             .await
             .map_err(|e| error::map("tag image", e).with("reference", reference))?;
-        Ok(())
+        Ok(image_id)
     }
 
     /// Whether `image` is a snapshot image whose layer carries this build's exec helper
@@ -771,7 +820,7 @@ fn registry_error(what: &'static str, reference: &str, e: bollard::errors::Error
     let kind = if [
         "unauthorized",
         "authentication required",
-        "denied",
+        "denied: requested access",
         "no basic auth",
     ]
     .iter()
@@ -793,10 +842,20 @@ fn registry_error(what: &'static str, reference: &str, e: bollard::errors::Error
     } else {
         ErrorKind::Backend
     };
-    let mut err = Error::new(kind, format!("snapshot {what} of {reference}: {text}"))
-        .with("reference", reference);
+    let mut err = Error::new(
+        kind,
+        format!(
+            "snapshot {what} of {reference}: {}",
+            runcell_core::Shown(&text)
+        ),
+    )
+    .with("reference", reference);
     if kind == ErrorKind::Config {
-        err = err.with_field("repository");
+        err = err.with_field(if what == "push" {
+            "repository"
+        } else {
+            "reference"
+        });
     }
     err
 }

@@ -173,6 +173,21 @@ async fn check(base: DockerConfig, host: String) {
     run.stop().await.unwrap();
     assert_eq!(out.stdout_str(), "moved\nws\n", "{out:?}");
 
+    // An image that carries only some of a snapshot's labels (as a registry anyone can
+    // push to may serve): refused, and no snapshot tag is left where nothing lists it.
+    let crafted_id = runcell_core::new_snapshot_id();
+    let crafted = format!("{repository}:{crafted_id}");
+    push_crafted(&host, &crafted, &crafted_id);
+    let e = driver.pull_snapshot(&crafted).await.unwrap_err();
+    eprintln!("pulling a crafted image: {e}");
+    assert_eq!(
+        (e.kind(), e.field()),
+        (ErrorKind::InvalidSpec, Some("reference")),
+        "{e}"
+    );
+    assert!(!engine_has(&crafted));
+    assert!(!engine_has(&format!("runcell-snapshot:{crafted_id}")));
+
     // A pushed name that is no snapshot of ours: refused, and nothing kept.
     let other = format!("{repository}:{}", runcell_core::new_snapshot_id());
     let e = driver.pull_snapshot(&other).await.unwrap_err();
@@ -188,4 +203,37 @@ async fn check(base: DockerConfig, host: String) {
             .iter()
             .any(|s| s.id == snapshot.id)
     );
+}
+
+/// Pushes, as `name`, the suite's image labelled as managed and as snapshot `id`, and
+/// nothing else a snapshot has (with a login of its own; the local copy removed).
+fn push_crafted(host: &str, name: &str, id: &str) {
+    let image = runcell_core::envvar::var("RUNCELL_CONFORMANCE_IMAGE")
+        .unwrap_or_else(|| "sandbox-test/busybox:latest".into());
+    let container = format!("runcell-crafted-{}", std::process::id());
+    common::registry::docker(&["create", "--name", &container, &image, "true"], None);
+    let labels = format!(
+        "LABEL {}={} {}={id}",
+        runcell_core::labels::MANAGED_BY,
+        runcell_core::labels::MANAGED_BY_VALUE,
+        runcell_core::snapshot_labels::SNAPSHOT_ID
+    );
+    common::registry::docker(&["commit", "--change", &labels, &container, name], None);
+    common::registry::docker(&["rm", "-f", "-v", &container], None);
+    let login = tempfile::tempdir().unwrap();
+    let dir = login.path().to_str().unwrap();
+    common::registry::docker(
+        &[
+            "--config",
+            dir,
+            "login",
+            "-u",
+            USER,
+            "--password-stdin",
+            host,
+        ],
+        Some(PASSWORD),
+    );
+    common::registry::docker(&["--config", dir, "push", name], None);
+    common::registry::docker(&["rmi", name], None);
 }
